@@ -1,0 +1,148 @@
+// Command grid is the single binary of Grid: the site operator, the site
+// gateway, a simulated backend, certificate tooling and a demo. This file only
+// parses flags and wires packages together.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+
+	"github.com/grid-inference/grid/internal/buildinfo"
+	"github.com/grid-inference/grid/internal/logging"
+)
+
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, env *env) error
+}
+
+// env is what every subcommand gets from main.
+type env struct {
+	stdout, stderr io.Writer
+	log            *slog.Logger
+}
+
+var commands = map[string]command{
+	"operator": {"run the site operator: scrape backends, publish and poll load signals", runOperator},
+	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", notYet("gateway")},
+	"demo":     {"run a whole grid on loopback with a load generator and a live view", notYet("demo")},
+	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
+	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", notYet("certs")},
+	"status":   {"show what a gateway currently believes about the sites", notYet("status")},
+	"version":  {"print the version and build information", runVersion},
+}
+
+// errUsage marks a command-line mistake: exit status 2.
+var errUsage = errors.New("usage")
+
+// errNotImplemented marks a subcommand a later release fills: exit status 2.
+var errNotImplemented = errors.New("not yet implemented")
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	global := flag.NewFlagSet("grid", flag.ContinueOnError)
+	global.SetOutput(stderr)
+	logLevel := global.String("log-level", "info", "log level: debug, info, warn, error")
+	logFormat := global.String("log-format", "text", "log format: text or json")
+	global.Usage = func() { usage(stderr, global) }
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if global.NArg() == 0 {
+		usage(stderr, global)
+		return 2
+	}
+	name, rest := global.Arg(0), global.Args()[1:]
+	if name == "help" {
+		usage(stdout, global)
+		return 0
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "grid: unknown command %q\n\n", name)
+		usage(stderr, global)
+		return 2
+	}
+	log, err := logging.New(stderr, *logLevel, *logFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "grid: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = cmd.run(ctx, rest, &env{stdout: stdout, stderr: stderr, log: log})
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage), errors.Is(err, errNotImplemented):
+		fmt.Fprintf(stderr, "grid %s: %v\n", name, err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "grid %s: %v\n", name, err)
+		return 1
+	}
+}
+
+func usage(w io.Writer, global *flag.FlagSet) {
+	fmt.Fprintf(w, "Grid routes LLM inference requests to the least-loaded healthy site that serves the model.\n\n")
+	fmt.Fprintf(w, "Usage: grid [--log-level LEVEL] [--log-format text|json] <command> [flags]\n\nCommands:\n")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "\nRun 'grid <command> --help' for a command's flags.\n\nGlobal flags:\n")
+	global.SetOutput(w)
+	global.PrintDefaults()
+}
+
+func notYet(name string) func(context.Context, []string, *env) error {
+	return func(context.Context, []string, *env) error {
+		return fmt.Errorf("%w (the %s arrives with a later release)", errNotImplemented, name)
+	}
+}
+
+func runVersion(_ context.Context, _ []string, e *env) error {
+	fmt.Fprintln(e.stdout, buildinfo.String())
+	return nil
+}
+
+// newFlagSet returns a flag set whose parse errors are usage errors.
+func newFlagSet(name string, e *env) *flag.FlagSet {
+	fs := flag.NewFlagSet("grid "+name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	return fs
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}

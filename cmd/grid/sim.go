@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+func runSim(ctx context.Context, args []string, e *env) error {
+	fs := newFlagSet("sim", e)
+	var o sim.Options
+	listen := fs.String("listen", "127.0.0.1:9000", "address to serve on")
+	fs.StringVar(&o.Kind, "kind", sim.KindEPP, "backend to simulate: epp, vllm or sglang")
+	fs.StringVar(&o.Model, "model", sim.DefaultModel, "model name served")
+	fs.StringVar(&o.Pool, "pool", "", "EPP pool name (label `name`); default derived from the model, e.g. qwen3-8b-pool")
+	fs.IntVar(&o.Endpoints, "endpoints", 1, "engines: EPP endpoints, or data-parallel engines behind one vLLM/SGLang server")
+	fs.IntVar(&o.Slots, "slots", 8, "requests one engine runs at once; the rest queue")
+	fs.DurationVar(&o.TTFT, "ttft", 50*time.Millisecond, "prefill time once a request has a slot")
+	fs.DurationVar(&o.TPOT, "tpot", 10*time.Millisecond, "time per output token")
+	fs.BoolVar(&o.LegacyLoads, "legacy-loads", false, "sglang: answer /v1/loads in the pre-May-2026 shape (dp_rank_count, aggregate)")
+	fs.StringVar(&o.MetricsToken, "metrics-token", "", "require Authorization: Bearer TOKEN on /metrics, as the EPP does by default")
+	fs.BoolVar(&o.FlowControl, "flow-control", false, "epp: hold requests in the EPP while every endpoint is busy, and export flow-control series")
+	fs.DurationVar(&o.RefreshInterval, "refresh-interval", time.Second, "epp: how often pool gauges are recomputed (the real EPP uses 5s)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	o.Logger = e.log.With("component", "sim", "kind", o.Kind)
+	s, err := sim.New(o)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.Run(runCtx)
+	e.log.Info("sim serving", "kind", o.Kind, "addr", ln.Addr().String(), "model", o.Model, "endpoints", o.Endpoints, "slots", o.Slots)
+	return serveUntilDone(ctx, srv, ln, e, 10*time.Second)
+}
+
+// serveUntilDone serves until ctx ends, then drains: new connections are
+// refused, in-flight requests get up to drain to finish.
+func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, e *env, drain time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	e.log.Info("draining", "timeout", drain)
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+		e.log.Warn("drain timed out; closed remaining connections", "err", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

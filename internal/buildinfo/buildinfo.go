@@ -1,0 +1,36 @@
+// Package buildinfo reports the version the binary was built as.
+package buildinfo
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+)
+
+// Version is set at link time (-ldflags "-X .../buildinfo.Version=v1.2.3");
+// otherwise the module version, or "devel".
+var Version = ""
+
+// String describes the build on one line: version, VCS revision, Go version
+// and platform.
+func String() string {
+	v, rev := Version, ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				rev = s.Value
+			}
+		}
+	}
+	if v == "" {
+		v = "devel"
+	}
+	s := fmt.Sprintf("grid %s", v)
+	if rev != "" {
+		s += " (" + rev + ")"
+	}
+	return s + fmt.Sprintf(" %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}

@@ -1,0 +1,205 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const validOperator = `
+site: east
+tls: {ca: certs/ca.crt, cert: certs/east.crt, key: certs/east.key}
+signals: {listen: "127.0.0.1:9091"}
+metrics: {listen: "127.0.0.1:9090"}
+scrapeInterval: 1s
+peerPollInterval: 5s
+stateDir: state/east
+peers:
+  - {site: west, signals: "https://127.0.0.1:9191", gateway: "https://127.0.0.1:8181"}
+providers:
+  - name: qwen-pool
+    model: Qwen/Qwen3-8B
+    kind: epp
+    metrics: {endpoint: "http://127.0.0.1:9000", path: /metrics, poolName: qwen-pool, timeout: 2s}
+    upstream: "http://127.0.0.1:8000"
+`
+
+func TestOperatorValidAndDefaults(t *testing.T) {
+	c, err := ParseOperator("site.yaml", []byte(validOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TrustDomain != "grid.internal" || c.SignalsTTL.D() != 30*time.Second || c.ScrapeConcurrency != 16 {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+	if c.PeerPoll.Attempts != 3 || c.PeerPoll.Budget.D() != 10*time.Second {
+		t.Errorf("peer poll defaults not applied: %+v", c.PeerPoll)
+	}
+	if got := c.StaleAfter(&c.Providers[0]); got != 15*time.Second {
+		t.Errorf("stale window = %v, want half the TTL", got)
+	}
+}
+
+func TestOperatorMinimalGetsEveryDefault(t *testing.T) {
+	c, err := ParseOperator("min.yaml", []byte("site: east\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StateDir != "state/east" || c.ScrapeInterval.D() != time.Second || c.Metrics.Listen != DefaultOperatorMetrics {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestOperatorRejections(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string // every fragment must appear in the error
+	}{
+		{"unknown top-level key", "site: east\nscrapeIntervall: 1s\n",
+			[]string{`op.yaml:2: unknown key "scrapeIntervall"`, `did you mean "scrapeInterval"`}},
+		{"unknown nested key", "site: east\nproviders:\n  - name: a\n    model: m\n    upstream: http://x\n    metrics: {endpoint: 'http://x', timout: 2s}\n",
+			[]string{`op.yaml:6: unknown key "providers[0].metrics.timout"`}},
+		{"duplicate key", "site: east\nsite: west\n", []string{`op.yaml:2: duplicate key "site"`}},
+		{"missing site", "scrapeInterval: 1s\n", []string{"site: required"}},
+		{"site not a label", "site: East_1\n", []string{`op.yaml:1: site: "East_1" is not a DNS-1123 label`}},
+		{"site too long", "site: " + strings.Repeat("a", 64) + "\n", []string{"is not a DNS-1123 label"}},
+		{"bare number duration", "site: east\nscrapeInterval: 5\n", []string{"op.yaml:2", "duration must be a string with a unit"}},
+		{"bad duration", "site: east\nscrapeInterval: fast\n", []string{`invalid duration "fast"`}},
+		{"negative duration", "site: east\nsignalsTTL: -1s\n", []string{"op.yaml:2: signalsTTL: must be a positive duration"}},
+		{"bad listen", "site: east\nmetrics: {listen: nowhere}\n", []string{`metrics.listen: "nowhere" is not a host:port`}},
+		{"type mismatch", "site: east\nscrapeConcurrency: many\n", []string{"op.yaml:2", "cannot unmarshal"}},
+		{"peer without tls", "site: east\npeers:\n  - {site: west, signals: 'https://w:1'}\n", []string{"peers are polled over mutual TLS only"}},
+		{"peer is self", "site: east\ntls: {ca: a, cert: b, key: c}\npeers:\n  - {site: east, signals: 'https://w:1'}\n", []string{"is this site"}},
+		{"peer plaintext", "site: east\ntls: {ca: a, cert: b, key: c}\npeers:\n  - {site: west, signals: 'http://w:1'}\n", []string{`peers[0].signals: URL "http://w:1" must use https`}},
+		{"peer twice", "site: east\ntls: {ca: a, cert: b, key: c}\npeers:\n  - {site: west, signals: 'https://w:1'}\n  - {site: west, signals: 'https://w:2'}\n", []string{`"west" is listed twice`}},
+		{"tls incomplete", "site: east\ntls: {ca: a}\n", []string{"tls.cert: required", "tls.key: required"}},
+		{"provider name", "site: east\nproviders:\n  - {name: Pool_A, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n",
+			[]string{`op.yaml:3: providers[0].name: "Pool_A" is not a DNS-1123 label`}},
+		{"provider kind", "site: east\nproviders:\n  - {name: a, model: m, kind: triton, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n",
+			[]string{`"triton" is not one of epp, vllm, sglang, auto`}},
+		{"provider endpoint missing", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u'}\n", []string{"providers[0].metrics.endpoint: required"}},
+		{"provider endpoint not a URL", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: '127.0.0.1:9000'}}\n",
+			[]string{"providers[0].metrics.endpoint"}},
+		{"provider model missing", "site: east\nproviders:\n  - {name: a, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n", []string{"providers[0].model: required"}},
+		{"provider twice", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n",
+			[]string{`providers[1].name: "a" is listed twice`}},
+		{"provider credentials in URL", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u:p@u', metrics: {endpoint: 'http://x'}}\n", []string{"must not carry credentials"}},
+		{"client cert without key", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'https://x', tls: {cert: c}}}\n", []string{"cert and key go together"}},
+		{"two documents", "site: east\n---\nsite: west\n", []string{"one YAML document"}},
+		{"reports every problem", "site: East\nscrapeInterval: -1s\n", []string{"site:", "scrapeInterval:"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseOperator("op.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestGatewayRejections(t *testing.T) {
+	base := "site: east\ntls: {ca: a, cert: b, key: c}\noperator: {signals: 'https://127.0.0.1:9091'}\n"
+	if _, err := ParseGateway("gw.yaml", []byte(base)); err != nil {
+		t.Fatalf("base config rejected: %v", err)
+	}
+	tests := []struct{ name, yaml, want string }{
+		{"no tls", "site: east\noperator: {signals: 'https://o:1'}\n", "tls: required"},
+		{"no operator", "site: east\ntls: {ca: a, cert: b, key: c}\n", "operator.signals: required"},
+		{"unknown availability key", base + "availability: {shedding: true, smooth: 0.2}\n", `gw.yaml:4: unknown key "availability.smooth"`},
+		{"smoothing zero", base + "availability: {smoothing: 0}\n", "availability.smoothing: must be in"},
+		{"explore floor above one", base + "availability: {explore_floor: 1.5}\n", "availability.explore_floor"},
+		{"ceiling floor below one", base + "availability: {ceiling_floor: 0.5}\n", "availability.ceiling_floor"},
+		{"negative full after", base + "availability: {full_after_ms: -1}\n", "availability.full_after_ms"},
+		{"zero half life", base + "availability: {ceiling_half_life_ms: 0}\n", "availability.ceiling_half_life_ms"},
+		{"bad hop listen", base + "hop: {listen: ':'}\n", "hop.listen"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseGateway("gw.yaml", []byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestGatewayZeroKnobIsKept(t *testing.T) {
+	c, err := ParseGateway("gw.yaml", []byte("site: east\ntls: {ca: a, cert: b, key: c}\noperator: {signals: 'https://o:1'}\navailability: {explore_floor: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *c.Availability.ExploreFloor != 0 || *c.Availability.Smoothing != DefaultSmoothing {
+		t.Errorf("availability = %+v", c.Availability)
+	}
+}
+
+func TestLoadFileNamesFile(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "site.yaml")
+	if err := os.WriteFile(f, []byte("site: east\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadOperator(f)
+	if err == nil || !strings.Contains(err.Error(), f+":2") {
+		t.Fatalf("error %v does not name %s:2", err, f)
+	}
+	if _, err := LoadOperator(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}
+
+// TestExamplesLoad keeps examples/ working: every example config must pass.
+func TestExamplesLoad(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*/*.yaml")
+	for _, f := range files {
+		var err error
+		if strings.Contains(filepath.Base(f), "gateway") {
+			_, err = LoadGateway(f)
+		} else {
+			_, err = LoadOperator(f)
+		}
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestConfigurationDocumented fails when a configuration key is missing from
+// docs/configuration.md, so the reference never falls behind the code.
+func TestConfigurationDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []struct {
+		name string
+		v    any
+	}{{"operator", Operator{}}, {"gateway", Gateway{}}} {
+		for _, key := range KeyPaths(kind.v) {
+			if !strings.Contains(string(doc), "`"+key+"`") {
+				t.Errorf("docs/configuration.md does not document the %s key `%s`", kind.name, key)
+			}
+		}
+	}
+}
+
+func FuzzParseOperator(f *testing.F) {
+	f.Add([]byte(validOperator))
+	f.Add([]byte("site: east\nproviders: [{name: a}]\n"))
+	f.Add([]byte("{{{"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseOperator("fuzz.yaml", data)
+		if err == nil && !IsDNS1123Label(c.Site) {
+			t.Fatalf("accepted invalid site %q", c.Site)
+		}
+	})
+}

@@ -1,0 +1,90 @@
+package config
+
+import "time"
+
+// Gateway is the configuration of `grid gateway`.
+type Gateway struct {
+	// Site is this site's name; the gateway's certificate names it and its
+	// operator must present the same identity.
+	Site string `yaml:"site"`
+	// TrustDomain is the SPIFFE trust domain of the grid.
+	TrustDomain string `yaml:"trustDomain"`
+	// Listen is the client listener (the OpenAI API).
+	Listen string `yaml:"listen"`
+	// Hop is the mTLS listener for requests forwarded by peer gateways.
+	Hop Listener `yaml:"hop"`
+	// Metrics is the plain listener for /metrics, /healthz, /readyz and /ui.
+	Metrics Listener `yaml:"metrics"`
+	// Operator is this site's operator.
+	Operator OperatorRef `yaml:"operator"`
+	// TLS is the site's certificate material.
+	TLS *TLS `yaml:"tls"`
+	// PollInterval is how often the operator's signals are read while serving.
+	PollInterval Duration `yaml:"pollInterval"`
+	// IdleAfter stops polling after this long without a request; the next
+	// request resumes it.
+	IdleAfter Duration `yaml:"idleAfter"`
+	// Availability tunes the snapshot's capacity learning and shedding.
+	Availability Availability `yaml:"availability"`
+}
+
+// OperatorRef locates the local operator.
+type OperatorRef struct {
+	// Signals is the base URL of the operator's signals listener.
+	Signals string `yaml:"signals"`
+}
+
+// Availability holds the snapshot knobs of reference §3.4. Key names follow
+// the reference's filter block so that tuning guides apply unchanged.
+type Availability struct {
+	Shedding          bool     `yaml:"shedding"`
+	Smoothing         *float64 `yaml:"smoothing"`
+	CeilingHalfLifeMs *int64   `yaml:"ceiling_half_life_ms"`
+	CeilingFloor      *float64 `yaml:"ceiling_floor"`
+	ExploreFloor      *float64 `yaml:"explore_floor"`
+	FullAfterMs       *int64   `yaml:"full_after_ms"`
+	RoomAfterMs       *int64   `yaml:"room_after_ms"`
+	QueueFull         *float64 `yaml:"queue_full"`
+}
+
+// Gateway defaults.
+const (
+	DefaultGatewayListen  = "127.0.0.1:8080"
+	DefaultHopListen      = "127.0.0.1:8081"
+	DefaultGatewayMetrics = "127.0.0.1:8082"
+	DefaultPollInterval   = time.Second
+	DefaultIdleAfter      = 5 * time.Minute
+
+	DefaultSmoothing         = 0.3
+	DefaultCeilingHalfLifeMs = 600_000
+	DefaultCeilingFloor      = 8.0
+	DefaultExploreFloor      = 0.25
+	DefaultFullAfterMs       = 5000
+	DefaultRoomAfterMs       = 2000
+	DefaultQueueFull         = 1.0
+)
+
+func (c *Gateway) applyDefaults() {
+	setString(&c.TrustDomain, DefaultTrustDomain)
+	setString(&c.Listen, DefaultGatewayListen)
+	setString(&c.Hop.Listen, DefaultHopListen)
+	setString(&c.Metrics.Listen, DefaultGatewayMetrics)
+	setDuration(&c.PollInterval, DefaultPollInterval)
+	setDuration(&c.IdleAfter, DefaultIdleAfter)
+	a := &c.Availability
+	setPtr(&a.Smoothing, DefaultSmoothing)
+	setPtr(&a.CeilingHalfLifeMs, DefaultCeilingHalfLifeMs)
+	setPtr(&a.CeilingFloor, DefaultCeilingFloor)
+	setPtr(&a.ExploreFloor, DefaultExploreFloor)
+	setPtr(&a.FullAfterMs, DefaultFullAfterMs)
+	setPtr(&a.RoomAfterMs, DefaultRoomAfterMs)
+	setPtr(&a.QueueFull, DefaultQueueFull)
+}
+
+// setPtr fills an optional knob whose zero is a meaningful setting (an
+// explore floor of 0 is valid), so only absence takes the default.
+func setPtr[T any](p **T, def T) {
+	if *p == nil {
+		*p = &def
+	}
+}

@@ -1,0 +1,213 @@
+// Package config holds the YAML schemas of the operator and the gateway, their
+// defaults and their validation. Files are decoded strictly: an unknown key is
+// an error naming the key, the file and the line, and validation reports every
+// problem at once, each with the line it comes from.
+package config
+
+import (
+	"time"
+)
+
+// Operator is the configuration of `grid operator`.
+type Operator struct {
+	// Site is this site's name, a DNS-1123 label; it is the site's SPIFFE
+	// identity (spiffe://<trustDomain>/site/<site>) and the grid_site label.
+	Site string `yaml:"site"`
+	// TrustDomain is the SPIFFE trust domain of the grid.
+	TrustDomain string `yaml:"trustDomain"`
+	// TLS is the site's certificate material. Without it the operator scrapes
+	// and serves /metrics but serves no signals and polls no peers: there is
+	// no plaintext signals path.
+	TLS *TLS `yaml:"tls"`
+	// Signals is the mTLS listener peers and the local gateway read from.
+	Signals Listener `yaml:"signals"`
+	// Metrics is the plain listener for /metrics, /healthz and /readyz.
+	Metrics Listener `yaml:"metrics"`
+	// ScrapeInterval is how often every provider is scraped.
+	ScrapeInterval Duration `yaml:"scrapeInterval"`
+	// ScrapeConcurrency bounds how many providers are scraped at once.
+	ScrapeConcurrency int `yaml:"scrapeConcurrency"`
+	// SignalsTTL is how long this site's own rows are served after collection.
+	SignalsTTL Duration `yaml:"signalsTTL"`
+	// PeerPollInterval is how often every peer is polled.
+	PeerPollInterval Duration `yaml:"peerPollInterval"`
+	// PeerPoll tunes the peer poller.
+	PeerPoll PeerPoll `yaml:"peerPoll"`
+	// StateDir holds what must survive a restart (the publisher-epoch high
+	// water mark, provider uids and generations).
+	StateDir string `yaml:"stateDir"`
+	// Peers are the other sites of the grid.
+	Peers []Peer `yaml:"peers"`
+	// Providers are this site's inference backends.
+	Providers []Provider `yaml:"providers"`
+}
+
+// TLS names the PEM files of a site identity and the grid CA.
+type TLS struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Listener is an address to listen on.
+type Listener struct {
+	Listen string `yaml:"listen"`
+}
+
+// PeerPoll tunes peer polling (reference §3.2).
+type PeerPoll struct {
+	// Timeout bounds one attempt, headers and body.
+	Timeout Duration `yaml:"timeout"`
+	// Attempts is how many tries one peer gets per round.
+	Attempts int `yaml:"attempts"`
+	// Backoff is the base delay between attempts.
+	Backoff Duration `yaml:"backoff"`
+	// Budget bounds one peer's whole round, all attempts included.
+	Budget Duration `yaml:"budget"`
+	// Concurrency bounds how many peers are polled at once.
+	Concurrency int `yaml:"concurrency"`
+	// TTL is how long a peer's rows are kept after they were polled.
+	TTL Duration `yaml:"ttl"`
+}
+
+// Peer is another site of the grid.
+type Peer struct {
+	// Site is the peer's site name; its certificate must carry that identity.
+	Site string `yaml:"site"`
+	// Signals is the base URL of the peer operator's signals listener.
+	Signals string `yaml:"signals"`
+	// Gateway is the base URL of the peer gateway's hop listener, where this
+	// site's gateway forwards requests it routes to that site.
+	Gateway string `yaml:"gateway"`
+}
+
+// Provider is one inference backend of this site: an llm-d EPP pool or an
+// engine (vLLM, SGLang).
+type Provider struct {
+	// Name is the provider's routing identity (the grid_provider label), a
+	// DNS-1123 label.
+	Name string `yaml:"name"`
+	// Model is the model name clients ask for.
+	Model string `yaml:"model"`
+	// Kind is epp, vllm, sglang or auto.
+	Kind string `yaml:"kind"`
+	// Metrics says where and how to scrape the provider's load.
+	Metrics Metrics `yaml:"metrics"`
+	// Upstream is where this site's gateway forwards the provider's requests.
+	Upstream string `yaml:"upstream"`
+	// Unavailable marks the provider out of service: it is published not ready
+	// whatever its metrics say.
+	Unavailable bool `yaml:"unavailable"`
+}
+
+// Provider kinds.
+const (
+	KindEPP    = "epp"
+	KindVLLM   = "vllm"
+	KindSGLang = "sglang"
+	KindAuto   = "auto"
+)
+
+// Metrics is how a provider is scraped.
+type Metrics struct {
+	// Endpoint is the base URL of the metrics server.
+	Endpoint string `yaml:"endpoint"`
+	// Path is the exposition path on Endpoint.
+	Path string `yaml:"path"`
+	// PoolName keeps only EPP series whose pool label (name, or
+	// inference_pool for flow control) equals it; empty keeps every pool.
+	PoolName string `yaml:"poolName"`
+	// Timeout bounds one scrape.
+	Timeout Duration `yaml:"timeout"`
+	// BearerTokenFile holds a token sent as Authorization: Bearer.
+	BearerTokenFile string `yaml:"bearerTokenFile"`
+	// TLS configures HTTPS scraping.
+	TLS *ClientTLS `yaml:"tls"`
+	// StaleAfter is how long without a successful scrape before the provider
+	// is declared not ready. Zero means half the signals TTL.
+	StaleAfter Duration `yaml:"staleAfter"`
+}
+
+// ClientTLS is the TLS a scraper presents to and expects from a backend.
+type ClientTLS struct {
+	// CA verifies the server; empty means the system roots.
+	CA string `yaml:"ca"`
+	// Cert and Key are an optional client certificate.
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+	// ServerName overrides the name checked in the server certificate.
+	ServerName string `yaml:"serverName"`
+	// InsecureSkipVerify disables server verification (development only).
+	InsecureSkipVerify bool `yaml:"insecureSkipVerify"`
+}
+
+// Operator defaults.
+const (
+	DefaultTrustDomain       = "grid.internal"
+	DefaultSignalsListen     = "127.0.0.1:9091"
+	DefaultOperatorMetrics   = "127.0.0.1:9090"
+	DefaultScrapeInterval    = time.Second
+	DefaultScrapeConcurrency = 16
+	DefaultSignalsTTL        = 30 * time.Second
+	DefaultPeerPollInterval  = 5 * time.Second
+	DefaultPeerTimeout       = 2 * time.Second
+	DefaultPeerAttempts      = 3
+	DefaultPeerBackoff       = 50 * time.Millisecond
+	DefaultPeerBudget        = 10 * time.Second
+	DefaultPeerConcurrency   = 8
+	DefaultPeerTTL           = 120 * time.Second
+	DefaultMetricsPath       = "/metrics"
+	DefaultScrapeTimeout     = 2 * time.Second
+)
+
+func (c *Operator) applyDefaults() {
+	setString(&c.TrustDomain, DefaultTrustDomain)
+	setString(&c.Signals.Listen, DefaultSignalsListen)
+	setString(&c.Metrics.Listen, DefaultOperatorMetrics)
+	setDuration(&c.ScrapeInterval, DefaultScrapeInterval)
+	setInt(&c.ScrapeConcurrency, DefaultScrapeConcurrency)
+	setDuration(&c.SignalsTTL, DefaultSignalsTTL)
+	setDuration(&c.PeerPollInterval, DefaultPeerPollInterval)
+	setDuration(&c.PeerPoll.Timeout, DefaultPeerTimeout)
+	setInt(&c.PeerPoll.Attempts, DefaultPeerAttempts)
+	setDuration(&c.PeerPoll.Backoff, DefaultPeerBackoff)
+	setDuration(&c.PeerPoll.Budget, DefaultPeerBudget)
+	setInt(&c.PeerPoll.Concurrency, DefaultPeerConcurrency)
+	setDuration(&c.PeerPoll.TTL, DefaultPeerTTL)
+	if c.StateDir == "" && c.Site != "" {
+		c.StateDir = "state/" + c.Site
+	}
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		setString(&p.Kind, KindEPP)
+		setString(&p.Metrics.Path, DefaultMetricsPath)
+		setDuration(&p.Metrics.Timeout, DefaultScrapeTimeout)
+	}
+}
+
+// StaleAfter is the provider's readiness stale window: its own setting, else
+// half the signals TTL.
+func (c *Operator) StaleAfter(p *Provider) time.Duration {
+	if p.Metrics.StaleAfter > 0 {
+		return p.Metrics.StaleAfter.D()
+	}
+	return c.SignalsTTL.D() / 2
+}
+
+func setString(s *string, def string) {
+	if *s == "" {
+		*s = def
+	}
+}
+
+func setInt(i *int, def int) {
+	if *i == 0 {
+		*i = def
+	}
+}
+
+func setDuration(d *Duration, def time.Duration) {
+	if *d == 0 {
+		*d = Duration(def)
+	}
+}

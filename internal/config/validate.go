@@ -1,0 +1,211 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+var (
+	dns1123Label = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	trustDomain  = regexp.MustCompile(`^[a-z0-9._-]+$`)
+)
+
+// IsDNS1123Label reports whether s is a DNS-1123 label: 1 to 63 characters of
+// [a-z0-9-], starting and ending with an alphanumeric.
+func IsDNS1123Label(s string) bool { return dns1123Label.MatchString(s) }
+
+// problems collects validation errors, each tied to the line of its key.
+type problems struct {
+	doc  *document
+	errs []error
+}
+
+func (p *problems) addf(path, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s: %s: %s", p.doc.at(path), path, fmt.Sprintf(format, args...)))
+}
+
+func (p *problems) err() error { return errors.Join(p.errs...) }
+
+func (p *problems) label(path, v string) {
+	switch {
+	case v == "":
+		p.addf(path, "required")
+	case !IsDNS1123Label(v):
+		p.addf(path, "%q is not a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit)", v)
+	}
+}
+
+func (p *problems) listen(path, v string) {
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		p.addf(path, "%q is not a host:port address", v)
+	}
+}
+
+// url checks an absolute URL with one of the allowed schemes.
+func (p *problems) url(path, v string, required bool, schemes ...string) {
+	if v == "" {
+		if required {
+			p.addf(path, "required")
+		}
+		return
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		p.addf(path, "invalid URL %q: %v", v, err)
+		return
+	}
+	ok := false
+	for _, s := range schemes {
+		ok = ok || u.Scheme == s
+	}
+	if !ok {
+		p.addf(path, "URL %q must use %s", v, strings.Join(schemes, " or "))
+		return
+	}
+	if u.Host == "" {
+		p.addf(path, "URL %q has no host", v)
+	}
+	if u.User != nil {
+		p.addf(path, "URL %q must not carry credentials", v)
+	}
+}
+
+func (p *problems) positive(path string, d Duration) {
+	if d <= 0 {
+		p.addf(path, "must be a positive duration, got %s", d)
+	}
+}
+
+func (p *problems) atLeast(path string, v, least int) {
+	if v < least {
+		p.addf(path, "must be at least %d, got %d", least, v)
+	}
+}
+
+func (p *problems) tls(path string, t *TLS) {
+	if t == nil {
+		return
+	}
+	for _, f := range []struct{ key, v string }{{"ca", t.CA}, {"cert", t.Cert}, {"key", t.Key}} {
+		if f.v == "" {
+			p.addf(path+"."+f.key, "required when %s is set", path)
+		}
+	}
+}
+
+func (p *problems) trustDomain(path, v string) {
+	if !trustDomain.MatchString(v) {
+		p.addf(path, "%q is not a SPIFFE trust domain (lowercase letters, digits, '.', '-', '_')", v)
+	}
+}
+
+func (c *Operator) validate(doc *document) error {
+	p := &problems{doc: doc}
+	p.label("site", c.Site)
+	p.trustDomain("trustDomain", c.TrustDomain)
+	p.tls("tls", c.TLS)
+	p.listen("signals.listen", c.Signals.Listen)
+	p.listen("metrics.listen", c.Metrics.Listen)
+	p.positive("scrapeInterval", c.ScrapeInterval)
+	p.atLeast("scrapeConcurrency", c.ScrapeConcurrency, 1)
+	p.positive("signalsTTL", c.SignalsTTL)
+	p.positive("peerPollInterval", c.PeerPollInterval)
+	p.positive("peerPoll.timeout", c.PeerPoll.Timeout)
+	p.atLeast("peerPoll.attempts", c.PeerPoll.Attempts, 1)
+	p.positive("peerPoll.backoff", c.PeerPoll.Backoff)
+	p.positive("peerPoll.budget", c.PeerPoll.Budget)
+	p.atLeast("peerPoll.concurrency", c.PeerPoll.Concurrency, 1)
+	p.positive("peerPoll.ttl", c.PeerPoll.TTL)
+	if c.StateDir == "" {
+		p.addf("stateDir", "required")
+	}
+	if len(c.Peers) > 0 && c.TLS == nil {
+		p.addf("peers", "peers are polled over mutual TLS only: set tls (ca, cert, key)")
+	}
+	sites := map[string]bool{}
+	for i, peer := range c.Peers {
+		path := fmt.Sprintf("peers[%d]", i)
+		p.label(path+".site", peer.Site)
+		switch {
+		case peer.Site != "" && peer.Site == c.Site:
+			p.addf(path+".site", "%q is this site; a site does not poll itself", peer.Site)
+		case sites[peer.Site]:
+			p.addf(path+".site", "%q is listed twice", peer.Site)
+		}
+		sites[peer.Site] = true
+		p.url(path+".signals", peer.Signals, true, "https")
+		p.url(path+".gateway", peer.Gateway, false, "https")
+	}
+	names := map[string]bool{}
+	for i := range c.Providers {
+		pr := &c.Providers[i]
+		path := fmt.Sprintf("providers[%d]", i)
+		p.label(path+".name", pr.Name)
+		if names[pr.Name] {
+			p.addf(path+".name", "%q is listed twice", pr.Name)
+		}
+		names[pr.Name] = true
+		if pr.Model == "" {
+			p.addf(path+".model", "required")
+		}
+		switch pr.Kind {
+		case KindEPP, KindVLLM, KindSGLang, KindAuto:
+		default:
+			p.addf(path+".kind", "%q is not one of epp, vllm, sglang, auto", pr.Kind)
+		}
+		p.url(path+".metrics.endpoint", pr.Metrics.Endpoint, true, "http", "https")
+		if strings.ContainsAny(pr.Metrics.Path, "?# ") {
+			p.addf(path+".metrics.path", "%q must be a plain path", pr.Metrics.Path)
+		}
+		p.positive(path+".metrics.timeout", pr.Metrics.Timeout)
+		if pr.Metrics.StaleAfter < 0 {
+			p.addf(path+".metrics.staleAfter", "must not be negative")
+		}
+		if t := pr.Metrics.TLS; t != nil && (t.Cert == "") != (t.Key == "") {
+			p.addf(path+".metrics.tls", "cert and key go together")
+		}
+		p.url(path+".upstream", pr.Upstream, true, "http", "https")
+	}
+	return p.err()
+}
+
+func (c *Gateway) validate(doc *document) error {
+	p := &problems{doc: doc}
+	p.label("site", c.Site)
+	p.trustDomain("trustDomain", c.TrustDomain)
+	if c.TLS == nil {
+		p.addf("tls", "required: the gateway reads its operator and forwards to peers over mutual TLS")
+	}
+	p.tls("tls", c.TLS)
+	p.listen("listen", c.Listen)
+	p.listen("hop.listen", c.Hop.Listen)
+	p.listen("metrics.listen", c.Metrics.Listen)
+	p.url("operator.signals", c.Operator.Signals, true, "https")
+	p.positive("pollInterval", c.PollInterval)
+	p.positive("idleAfter", c.IdleAfter)
+	a := c.Availability
+	inRange := func(path string, v, lo, hi float64) {
+		if math.IsNaN(v) || v < lo || v > hi {
+			p.addf(path, "must be in [%g, %g], got %g", lo, hi, v)
+		}
+	}
+	inRange("availability.smoothing", *a.Smoothing, math.SmallestNonzeroFloat64, 1)
+	if *a.CeilingHalfLifeMs <= 0 {
+		p.addf("availability.ceiling_half_life_ms", "must be positive, got %d", *a.CeilingHalfLifeMs)
+	}
+	inRange("availability.ceiling_floor", *a.CeilingFloor, 1, math.MaxFloat64)
+	inRange("availability.explore_floor", *a.ExploreFloor, 0, 1)
+	if *a.FullAfterMs < 0 {
+		p.addf("availability.full_after_ms", "must not be negative, got %d", *a.FullAfterMs)
+	}
+	if *a.RoomAfterMs < 0 {
+		p.addf("availability.room_after_ms", "must not be negative, got %d", *a.RoomAfterMs)
+	}
+	inRange("availability.queue_full", *a.QueueFull, 0, math.MaxFloat64)
+	return p.err()
+}
