@@ -255,7 +255,7 @@ func TestSimMatchesFixtures(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.kind, func(t *testing.T) {
-			_, srv := startSim(t, Options{Kind: tc.kind, FlowControl: tc.kind == KindEPP, Endpoints: 1, Slots: 1})
+			_, srv := startSim(t, Options{Kind: tc.kind, FlowControl: tc.kind == KindEPP, Endpoints: 1, Slots: 1, TTFT: 100 * time.Millisecond})
 			exerciseEveryPath(t, srv)
 			got := scrape(t, srv)
 			want := fixtureFamilies(t, tc.file)
@@ -391,7 +391,8 @@ func TestPyFloat(t *testing.T) {
 // the pool average and per-endpoint queue, and in latency; then the pool
 // gauges freeze while no endpoint is fresh.
 func TestEPPQueueingUnderLoad(t *testing.T) {
-	s, srv := startSim(t, Options{Kind: KindEPP, Endpoints: 2, Slots: 2, TTFT: 10 * time.Millisecond, TPOT: 10 * time.Millisecond})
+	// Only the test refreshes the pool gauges, so what it reads is what it set up.
+	s, srv := startSim(t, Options{Kind: KindEPP, Endpoints: 2, Slots: 2, TTFT: 10 * time.Millisecond, TPOT: 10 * time.Millisecond, RefreshInterval: time.Hour})
 	// Alone, a 20-token request takes ttft + 19 × tpot = 200ms.
 	start := time.Now()
 	chat(t, srv, 20, false)
@@ -439,15 +440,12 @@ func TestEPPQueueingUnderLoad(t *testing.T) {
 	if v := value(fams["llm_d_epp_inflight_requests"]); v != 12 {
 		t.Errorf("in-flight = %v, want 12", v)
 	}
-	wg.Wait()
-	slices.Sort(latencies)
-	if worst := latencies[len(latencies)-1]; worst < 2*alone {
-		t.Errorf("worst latency under overload %v, alone %v: queueing did not show in latency", worst, alone)
-	}
 
-	// Freeze: no endpoint fresh, the averages keep their last values.
-	frozen := value(scrape(t, srv)["llm_d_epp_average_queue_size"])
+	// Freeze while the queue is still there: with no endpoint fresh the ready
+	// count reads 0 and the averages keep their values after the load drains.
+	frozen := value(fams["llm_d_epp_average_queue_size"])
 	setControl(t, srv, `{"readyEndpoints": 0}`)
+	wg.Wait()
 	s.epp.refresh()
 	fams = scrape(t, srv)
 	if r := value(fams["llm_d_epp_ready_endpoints"]); r != 0 {
@@ -456,9 +454,18 @@ func TestEPPQueueingUnderLoad(t *testing.T) {
 	if r := value(fams["inference_pool_ready_pods"]); r != 0 {
 		t.Errorf("legacy ready pods = %v after readyEndpoints 0", r)
 	}
-	if q := value(fams["llm_d_epp_average_queue_size"]); q != frozen || q <= 0 {
-		t.Errorf("average queue %v, want it frozen at %v", q, frozen)
+	if q := value(fams["llm_d_epp_average_queue_size"]); q != frozen {
+		t.Errorf("average queue %v after the load drained, want it frozen at %v", q, frozen)
 	}
+	if q := value(fams["llm_d_epp_per_endpoint_queue_size"]); q != 0 {
+		t.Errorf("per-endpoint queue %v: it is computed at scrape time and must show the drained queue", q)
+	}
+
+	slices.Sort(latencies)
+	if worst := latencies[len(latencies)-1]; worst < 2*alone {
+		t.Errorf("worst latency under overload %v, alone %v: queueing did not show in latency", worst, alone)
+	}
+
 	setControl(t, srv, `{"readyEndpoints": null}`)
 	s.epp.refresh()
 	fams = scrape(t, srv)
