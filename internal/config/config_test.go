@@ -79,7 +79,7 @@ func TestOperatorRejections(t *testing.T) {
 		{"provider name", "site: east\nproviders:\n  - {name: Pool_A, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n",
 			[]string{`op.yaml:3: providers[0].name: "Pool_A" is not a DNS-1123 label`}},
 		{"provider kind", "site: east\nproviders:\n  - {name: a, model: m, kind: triton, upstream: 'http://u', metrics: {endpoint: 'http://x'}}\n",
-			[]string{`"triton" is not one of epp, vllm, sglang, auto`}},
+			[]string{`"triton" is not one of epp, vllm, sglang, auto, generic`}},
 		{"provider endpoint missing", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u'}\n", []string{"providers[0].metrics.endpoint: required"}},
 		{"provider endpoint not a URL", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: '127.0.0.1:9000'}}\n",
 			[]string{"providers[0].metrics.endpoint"}},

@@ -89,7 +89,8 @@ type Provider struct {
 	Name string `yaml:"name"`
 	// Model is the model name clients ask for.
 	Model string `yaml:"model"`
-	// Kind is epp, vllm, sglang or auto.
+	// Kind is epp, vllm, sglang, auto, or generic (an engine read through
+	// /v1/loads only).
 	Kind string `yaml:"kind"`
 	// Metrics says where and how to scrape the provider's load.
 	Metrics Metrics `yaml:"metrics"`
@@ -106,6 +107,8 @@ const (
 	KindVLLM   = "vllm"
 	KindSGLang = "sglang"
 	KindAuto   = "auto"
+	// KindGeneric is an engine with no gauge schema: /v1/loads or nothing.
+	KindGeneric = "generic"
 )
 
 // Metrics is how a provider is scraped.

@@ -154,9 +154,9 @@ func (c *Operator) validate(doc *document) error {
 			p.addf(path+".model", "required")
 		}
 		switch pr.Kind {
-		case KindEPP, KindVLLM, KindSGLang, KindAuto:
+		case KindEPP, KindVLLM, KindSGLang, KindAuto, KindGeneric:
 		default:
-			p.addf(path+".kind", "%q is not one of epp, vllm, sglang, auto", pr.Kind)
+			p.addf(path+".kind", "%q is not one of epp, vllm, sglang, auto, generic", pr.Kind)
 		}
 		p.url(path+".metrics.endpoint", pr.Metrics.Endpoint, true, "http", "https")
 		if strings.ContainsAny(pr.Metrics.Path, "?# ") {

@@ -1,0 +1,257 @@
+package backend
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/latency"
+	"github.com/grid-inference/grid/internal/readiness"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// The EPP series a scrape reads, in the order of their indexes below.
+var eppNames = expo.NewNameSet(
+	signals.EPPReadyEndpoints, signals.LegacyReadyPods, // 0, 1
+	signals.EPPAverageRunning, signals.LegacyAverageRunning, // 2, 3
+	signals.EPPAverageQueue, signals.LegacyAverageQueue, // 4, 5
+	signals.EPPAverageKV, signals.LegacyAverageKV, // 6, 7
+	signals.EPPStdDevKV,                                    // 8
+	signals.EPPFlowControlQueue,                            // 9
+	signals.EPPPerEndpointQueue, signals.LegacyPerPodQueue, // 10, 11
+	"llm_d_epp_inflight_requests",                    // 12
+	"llm_d_epp_request_ttft_seconds_bucket",          // 13
+	"llm_d_epp_request_ttft_seconds_sum",             // 14
+	"llm_d_epp_request_ttft_seconds_count",           // 15
+	"llm_d_epp_request_streaming_tpot_seconds_sum",   // 16
+	"llm_d_epp_request_streaming_tpot_seconds_count", // 17
+	"llm_d_epp_request_input_tokens_sum",             // 18
+	"llm_d_epp_request_input_tokens_count",           // 19
+	"llm_d_epp_request_total",                        // 20
+	"llm_d_epp_request_error_total",                  // 21
+)
+
+const (
+	iReady, iReadyLegacy              = 0, 1
+	iRunning, iRunningLegacy          = 2, 3
+	iQueue, iQueueLegacy              = 4, 5
+	iKV, iKVLegacy                    = 6, 7
+	iStdDevKV                         = 8
+	iFlow                             = 9
+	iPerEndpoint, iPerPod             = 10, 11
+	iInflight                         = 12
+	iTTFTBucket, iTTFTSum, iTTFTCount = 13, 14, 15
+	iTPOTSum, iTPOTCount              = 16, 17
+	iInputSum, iInputCount            = 18, 19
+	iRequests, iErrors                = 20, 21
+	nEPPNames                         = 22
+)
+
+// poolGauge gathers one pool gauge: the max over series of the pool.
+type poolGauge struct {
+	value float64
+	found bool
+}
+
+func (g *poolGauge) add(v float64) {
+	if !g.found || v > g.value {
+		g.value = v
+	}
+	g.found = true
+}
+
+// first returns the first present gauge of a current/legacy pair.
+func first(gs ...*poolGauge) *poolGauge {
+	for _, g := range gs {
+		if g.found {
+			return g
+		}
+	}
+	return nil
+}
+
+// ParseEPP reads an EPP exposition for the pool (empty pool: every pool).
+func ParseEPP(body []byte, pool string) (*Reading, error) {
+	var (
+		gauges     [nEPPNames]poolGauge
+		pools      = map[string]bool{}
+		namespaces = map[string]bool{}
+		inflight   = map[string]map[[2]string]float64{} // producer -> (ns, endpoint) -> sum
+		snap       latency.Snapshot
+		haveLat    bool
+		flow       float64
+		rows       []signals.Row
+		units      bool
+	)
+	_, err := expo.Scan(body, eppNames.Has, func(s *expo.Sample) {
+		// Counts and gauges of load are finite and never negative; a line
+		// that says otherwise is dropped rather than published.
+		if math.IsNaN(s.Value) || math.IsInf(s.Value, 0) || s.Value < 0 {
+			return
+		}
+		i := eppNames.Index(s.Name)
+		switch i {
+		case iReady, iReadyLegacy, iRunning, iRunningLegacy, iQueue, iQueueLegacy, iKV, iKVLegacy, iStdDevKV, iPerEndpoint, iPerPod:
+			name, _ := s.Label("name")
+			if i == iReady || i == iReadyLegacy {
+				pools[string(name)] = true
+			}
+			if pool != "" && string(name) != pool {
+				return
+			}
+			gauges[i].add(s.Value)
+			if i == iPerEndpoint || i == iPerPod {
+				units = true
+			}
+			rows = append(rows, rowOf(s, i))
+		case iFlow:
+			p, ok := s.Label("inference_pool")
+			if pool != "" && (!ok || string(p) != pool) {
+				return
+			}
+			flow += s.Value
+			gauges[i].add(s.Value)
+		case iInflight:
+			producer, _ := s.Label("producer_name")
+			ns, _ := s.Label("namespace")
+			ep, _ := s.Label("endpoint_name")
+			namespaces[string(ns)] = true
+			m := inflight[string(producer)]
+			if m == nil {
+				m = map[[2]string]float64{}
+				inflight[string(producer)] = m
+			}
+			m[[2]string{string(ns), string(ep)}] += s.Value
+		case iTTFTBucket:
+			if st, _ := s.Label("streaming"); string(st) == "true" {
+				le, _ := s.Label("le")
+				if bound, err := parseBound(le); err == nil {
+					snap.AddTTFTBucket(bound, s.Value)
+					haveLat = true
+				}
+			}
+		case iTTFTSum, iTTFTCount:
+			if st, _ := s.Label("streaming"); string(st) == "true" {
+				if i == iTTFTSum {
+					snap.TTFTSum += s.Value
+				} else {
+					snap.TTFTCount += s.Value
+				}
+				haveLat = true
+			}
+		case iTPOTSum:
+			snap.TPOTSum += s.Value
+			haveLat = true
+		case iTPOTCount:
+			snap.TPOTCount += s.Value
+			haveLat = true
+		case iInputSum:
+			snap.InputSum += s.Value
+			haveLat = true
+		case iInputCount:
+			snap.InputCount += s.Value
+			haveLat = true
+		case iRequests:
+			snap.Requests += s.Value
+			haveLat = true
+		case iErrors:
+			snap.Errors += s.Value
+			haveLat = true
+		}
+	})
+	if err != nil {
+		return nil, &Error{ClassParse, err}
+	}
+	r := &Reading{Source: SourceMetrics, Result: ResultSuccess, UnitsReporting: units}
+	r.MultiPool = len(pools) > 1 || len(namespaces) > 1
+	if g := first(&gauges[iReady], &gauges[iReadyLegacy]); g != nil {
+		r.Ready = readiness.Known(g.value)
+	} else {
+		r.Result = ResultNoSeries
+		r.Missing = "metrics reachable, but no " + signals.EPPReadyEndpoints + " or " + signals.LegacyReadyPods + " series"
+		if pool != "" {
+			r.Missing += " for poolName " + pool
+		}
+	}
+	if g := first(&gauges[iRunning], &gauges[iRunningLegacy]); g != nil {
+		r.Load.AverageRunning = &g.value
+	}
+	if g := first(&gauges[iQueue], &gauges[iQueueLegacy]); g != nil {
+		r.Load.AverageQueue = &g.value
+	}
+	r.Load.FlowControl = flow
+	if !r.MultiPool && len(inflight) > 0 {
+		count := eppInflight(inflight)
+		r.Load.EPPCount = &count
+	}
+	if gauges[iFlow].found {
+		// One row per pool, the sum over fairness and priority partitions: the
+		// relay stays bounded however many flows a client invents.
+		row := signals.Row{Name: signals.EPPFlowControlQueue, Value: flow}
+		if pool != "" {
+			row.Labels = []signals.Label{{Name: "inference_pool", Value: pool}}
+		}
+		rows = append(rows, row)
+	}
+	r.Rows = rows
+	if haveLat {
+		r.Latency = &snap
+	}
+	return r, nil
+}
+
+// eppInflight sums, per endpoint, the largest count any producer reports.
+func eppInflight(byProducer map[string]map[[2]string]float64) float64 {
+	perEndpoint := map[[2]string]float64{}
+	for _, m := range byProducer {
+		for ep, v := range m {
+			if v > perEndpoint[ep] {
+				perEndpoint[ep] = v
+			}
+		}
+	}
+	var sum float64
+	for _, v := range perEndpoint {
+		sum += v
+	}
+	return sum
+}
+
+// contractName maps a name index to the contract name it is published under.
+var contractName = map[int]string{
+	iReady: signals.EPPReadyEndpoints, iReadyLegacy: signals.LegacyReadyPods,
+	iRunning: signals.EPPAverageRunning, iRunningLegacy: signals.LegacyAverageRunning,
+	iQueue: signals.EPPAverageQueue, iQueueLegacy: signals.LegacyAverageQueue,
+	iKV: signals.EPPAverageKV, iKVLegacy: signals.LegacyAverageKV,
+	iStdDevKV:    signals.EPPStdDevKV,
+	iPerEndpoint: signals.EPPPerEndpointQueue, iPerPod: signals.LegacyPerPodQueue,
+}
+
+// rowOf copies a kept sample into a row. A scraped grid_site or
+// grid_provider label moves to exported_*, since the operator sets those.
+func rowOf(s *expo.Sample, i int) signals.Row {
+	row := signals.Row{Name: contractName[i], Value: s.Value}
+	s.EachLabel(func(n, v []byte) bool {
+		name := string(n)
+		if name == signals.LabelSite || name == signals.LabelProvider {
+			name = "exported_" + name
+		}
+		row.Labels = append(row.Labels, signals.Label{Name: name, Value: string(v)})
+		return true
+	})
+	return row
+}
+
+func parseBound(le []byte) (float64, error) {
+	s := strings.TrimSpace(string(le))
+	if s == "+Inf" || s == "Inf" {
+		return math.Inf(1), nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("le %q: %w", s, err)
+	}
+	return f, nil
+}
