@@ -57,9 +57,11 @@ func (s *Sim) serveEPPMetrics(w http.ResponseWriter, r *http.Request, oversize b
 	promhttp.HandlerFor(s.epp.reg, promhttp.HandlerOpts{DisableCompression: true}).ServeHTTP(w, r)
 	if oversize {
 		io.WriteString(w, "# HELP sim_padding Padding that pushes the exposition past the scrape cap.\n# TYPE sim_padding gauge\n")
-		line := 0
-		for written := 0; written < oversizeBytes; line++ {
-			n, _ := fmt.Fprintf(w, "sim_padding{line=\"%07d\"} 0\n", line)
+		for line, written := 0, 0; written < oversizeBytes; line++ {
+			n, err := fmt.Fprintf(w, "sim_padding{line=\"%07d\"} 0\n", line)
+			if err != nil {
+				return // the scraper stopped reading at its cap
+			}
 			written += n
 		}
 	}

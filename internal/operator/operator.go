@@ -1,0 +1,337 @@
+// Package operator is the site operator: it scrapes this site's inference
+// providers, decides their readiness, estimates their in-flight load and
+// latency, and publishes the conclusions in batches to its site store and as
+// Prometheus series. (The cross-site half — the mTLS signals endpoint, peer
+// polling and the relay — builds on the same store.)
+package operator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/grid-inference/grid/internal/backend"
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/latency"
+	"github.com/grid-inference/grid/internal/readiness"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// Options are the operator's collaborators.
+type Options struct {
+	Clock  clock.Clock
+	Logger *slog.Logger
+}
+
+// Operator is one site's operator.
+type Operator struct {
+	clk   clock.Clock
+	log   *slog.Logger
+	state *State
+	memo  *backend.ProbeMemo
+	site  *Store
+	m     *metrics
+
+	cfg       atomic.Pointer[config.Operator]
+	sequence  atomic.Int64 // batch sequence within this epoch
+	passes    atomic.Int64 // completed scrape passes
+	lastPass  atomic.Int64 // duration of the latest pass, ns
+	providers sync.Map     // name -> *provider
+	reloadMu  sync.Mutex
+}
+
+// provider is one provider's scrape history.
+type provider struct {
+	cfg    config.Provider
+	target *backend.Target
+
+	mu      sync.Mutex // one scrape of a provider at a time
+	probe   readiness.Probe
+	history latency.History
+	verdict readiness.Verdict
+	engine  *backend.EngineLoad
+	scraped bool
+}
+
+// New builds an operator from a validated configuration and its opened
+// state (OpenState).
+func New(cfg *config.Operator, state *State, opts Options) *Operator {
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	o := &Operator{
+		clk:   opts.Clock,
+		log:   opts.Logger,
+		state: state,
+		memo:  backend.NewProbeMemo(),
+		site:  NewStore(cfg.SignalsTTL.D()),
+	}
+	o.m = newMetrics(o)
+	o.cfg.Store(cfg)
+	for i := range cfg.Providers {
+		o.addProvider(&cfg.Providers[i])
+	}
+	return o
+}
+
+func (o *Operator) addProvider(p *config.Provider) {
+	o.providers.Store(p.Name, &provider{cfg: *p, target: backend.NewTarget(p)})
+	o.m.scrapes.initProvider(p.Name)
+}
+
+// SiteStore is this site's published rows.
+func (o *Operator) SiteStore() *Store { return o.site }
+
+// Epoch is the publisher epoch of this process.
+func (o *Operator) Epoch() int64 { return o.state.Epoch }
+
+// Run scrapes every provider each interval until ctx ends. A pass that runs
+// long delays the next one; ticks never burst.
+func (o *Operator) Run(ctx context.Context) {
+	t := o.clk.NewTicker(o.cfg.Load().ScrapeInterval.D())
+	defer t.Stop()
+	interval := o.cfg.Load().ScrapeInterval.D()
+	for {
+		start := o.clk.Now()
+		o.Pass(ctx)
+		o.lastPass.Store(int64(o.clk.Now().Sub(start)))
+		o.passes.Add(1)
+		if d := o.cfg.Load().ScrapeInterval.D(); d != interval {
+			interval = d
+			t.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// Pass scrapes every provider once, at most scrapeConcurrency at a time, and
+// publishes each provider's batch as soon as its scrape ends, so one slow
+// provider delays no other's publication.
+func (o *Operator) Pass(ctx context.Context) {
+	sem := make(chan struct{}, o.cfg.Load().ScrapeConcurrency)
+	var wg sync.WaitGroup
+	o.providers.Range(func(_, v any) bool {
+		p := v.(*provider)
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			o.scrape(ctx, p)
+		}()
+		return true
+	})
+	wg.Wait()
+}
+
+// scrape reads one provider and publishes what it concludes.
+func (o *Operator) scrape(ctx context.Context, p *provider) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reading, err := backend.Scrape(ctx, p.target, o.memo, o.log)
+	if ctx.Err() != nil {
+		return // shutting down: a cancelled scrape says nothing about the provider
+	}
+	o.conclude(p, o.clk.Now(), reading, err)
+}
+
+// conclude folds one scrape into the provider's readiness, latency and load,
+// then publishes (reference §4.2 steps 4–6). Called with p.mu held.
+func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err error) {
+	cfg := o.cfg.Load()
+	name := p.cfg.Name
+	p.scraped = true
+	var pub latency.Published
+	if err != nil {
+		class := backend.ClassOf(err)
+		p.probe.Failure(now, string(class))
+		o.m.scrapes.count(name, string(class))
+		o.log.Debug("scrape failed", "provider", name, "class", class, "err", err)
+	} else {
+		if r.Latency != nil {
+			var progress bool
+			pub, progress = p.history.Observe(now, *r.Latency, r.MultiPool)
+			if progress {
+				p.probe.Progress(now)
+			}
+		}
+		ready := p.probe.Thaw(now, r.Ready, r.UnitsReporting)
+		p.probe.Success(now, ready, r.Missing)
+		p.engine = r.Engine
+		o.m.scrapes.count(name, r.Result)
+		if r.Result == backend.ResultSuccess {
+			o.m.lastSuccess.WithLabelValues(name).Set(float64(now.UnixMilli()) / 1000)
+		}
+	}
+	staleAfter := readiness.StaleAfter(cfg.StaleAfter(&p.cfg), cfg.ScrapeInterval.D(), time.Duration(o.lastPass.Load()))
+	verdict := p.probe.Verdict(now, staleAfter, p.cfg.Unavailable)
+	if verdict.Reason != p.verdict.Reason {
+		o.log.Info("provider readiness changed", "provider", name, "reason", verdict.Reason, "status", verdict.Status, "message", verdict.Message)
+	}
+	p.verdict = verdict
+
+	var rows []signals.Row
+	switch {
+	case err == nil:
+		rows = append(rows, r.Rows...)
+		rows = append(rows, o.conclusions(p, verdict)...)
+		if v, ok := r.Load.InFlight(p.probe.ReadyEndpoints()); ok {
+			rows = append(rows, signals.Row{Name: signals.InFlight, Value: v})
+		}
+		for _, l := range []struct {
+			name string
+			v    *float64
+		}{{signals.TTFTP50, pub.TTFTP50}, {signals.TTFTP90, pub.TTFTP90}, {signals.TPOT, pub.TPOT}, {signals.ErrorRatio, pub.ErrorRatio}} {
+			if l.v != nil {
+				rows = append(rows, signals.Row{Name: l.name, Value: *l.v})
+			}
+		}
+	case verdict.Excludes():
+		rows = o.conclusions(p, verdict)
+	default:
+		// Nothing new to say: the last batch serves until its TTL ends.
+		return
+	}
+	o.publish(name, rows, now)
+}
+
+// conclusions are the ready verdict and the last good ready count.
+func (o *Operator) conclusions(p *provider, v readiness.Verdict) []signals.Row {
+	ready := 1.0
+	if v.Excludes() {
+		ready = 0
+	}
+	rows := []signals.Row{{Name: signals.Ready, Value: ready}}
+	if c := p.probe.ReadyEndpoints(); c.Known {
+		rows = append(rows, signals.Row{Name: signals.ReadyEndpoints, Value: c.Value})
+	}
+	return rows
+}
+
+// publish attributes a batch to this site and provider, appends its batch
+// metadata line, and stores it.
+func (o *Operator) publish(target string, rows []signals.Row, now time.Time) {
+	site := o.cfg.Load().Site
+	for i := range rows {
+		rows[i].Labels = attribute(rows[i].Labels, site, target)
+	}
+	rev := o.state.Revision(target)
+	if rev == nil {
+		return // removed by a reload while its scrape ran
+	}
+	meta := signals.Row{
+		Name: signals.ConfigGeneration,
+		Labels: []signals.Label{
+			{Name: "batch_samples", Value: strconv.Itoa(len(rows))},
+			{Name: "batch_sequence", Value: strconv.FormatInt(o.sequence.Add(1), 10)},
+			{Name: signals.LabelProvider, Value: target},
+			{Name: signals.LabelSite, Value: site},
+			{Name: "provider_uid", Value: rev.UID},
+			{Name: "publisher_epoch", Value: strconv.FormatInt(o.state.Epoch, 10)},
+		},
+		Value: float64(rev.Generation),
+	}
+	o.site.Put(target, append(rows, meta), now)
+}
+
+// attribute sets grid_site and grid_provider on a row's labels, moving any
+// scraped value of the same name to exported_*, and sorts them.
+func attribute(ls []signals.Label, site, provider string) []signals.Label {
+	out := make([]signals.Label, 0, len(ls)+2)
+	for _, l := range ls {
+		if l.Name == signals.LabelSite || l.Name == signals.LabelProvider {
+			l.Name = "exported_" + l.Name
+		}
+		out = append(out, l)
+	}
+	out = append(out, signals.Label{Name: signals.LabelSite, Value: site}, signals.Label{Name: signals.LabelProvider, Value: provider})
+	signals.SortLabels(out)
+	return out
+}
+
+// Verdicts returns every provider's latest verdict, for status and tests.
+func (o *Operator) Verdicts() map[string]readiness.Verdict {
+	out := map[string]readiness.Verdict{}
+	o.providers.Range(func(k, v any) bool {
+		p := v.(*provider)
+		p.mu.Lock()
+		out[k.(string)] = p.verdict
+		p.mu.Unlock()
+		return true
+	})
+	return out
+}
+
+// Reload applies a new, already validated configuration: new providers are
+// added, removed ones forgotten (their series and rows too), changed ones
+// rebuilt with a new generation; the whole /v1/loads memo is cleared. A
+// reload that changes the site or listeners is refused: those need a restart.
+func (o *Operator) Reload(next *config.Operator) error {
+	o.reloadMu.Lock()
+	defer o.reloadMu.Unlock()
+	cur := o.cfg.Load()
+	if next.Site != cur.Site || next.Signals != cur.Signals || next.Metrics != cur.Metrics || next.StateDir != cur.StateDir {
+		return fmt.Errorf("site, signals, metrics and stateDir cannot change on reload; restart the operator")
+	}
+	if err := o.state.Reconcile(next.Providers); err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	wanted := map[string]*config.Provider{}
+	for i := range next.Providers {
+		wanted[next.Providers[i].Name] = &next.Providers[i]
+	}
+	o.providers.Range(func(k, v any) bool {
+		name, p := k.(string), v.(*provider)
+		np, keep := wanted[name]
+		if keep && sameConfig(np, &p.cfg) {
+			delete(wanted, name)
+			return true
+		}
+		o.memo.Forget(p.target.LoadsURL)
+		p.target.Close()
+		if !keep {
+			o.providers.Delete(name)
+			o.site.Delete(name)
+			o.m.forgetProvider(name)
+			return true
+		}
+		// Changed: keep what readiness learned, scrape the new way.
+		p.mu.Lock()
+		p.cfg = *np
+		p.target = backend.NewTarget(np)
+		p.mu.Unlock()
+		delete(wanted, name)
+		return true
+	})
+	for _, np := range wanted {
+		o.addProvider(np)
+	}
+	o.memo.Clear()
+	o.cfg.Store(next)
+	return nil
+}
+
+func sameConfig(a, b *config.Provider) bool {
+	ha, errA := configHash(a)
+	hb, errB := configHash(b)
+	return errA == nil && errB == nil && ha == hb
+}
+
+// Ready reports whether the operator has finished a scrape pass.
+func (o *Operator) Ready() bool { return o.passes.Load() > 0 }

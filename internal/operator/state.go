@@ -1,0 +1,178 @@
+package operator
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/grid-inference/grid/internal/config"
+	"go.yaml.in/yaml/v3"
+)
+
+// stateFile is the name of the operator's durable state in stateDir.
+const stateFile = "operator-state.json"
+
+// State is what an operator keeps across restarts so that receivers can
+// order its batches (reference §2.3, §4.9): the publisher-epoch high-water
+// mark, and each provider's uid and config generation.
+type State struct {
+	path string
+	// Epoch is this process's publisher epoch: above every epoch published
+	// before, and at least the wall clock in milliseconds at start.
+	Epoch int64 `json:"publisherEpoch"`
+	// Providers maps provider names to their revision.
+	Providers map[string]*Revision `json:"providers"`
+}
+
+// Revision identifies one provider's configuration.
+type Revision struct {
+	// UID is minted once per provider name; a provider removed and added
+	// again gets a new one.
+	UID string `json:"uid"`
+	// Generation advances when the provider's config block changes.
+	Generation int64 `json:"generation"`
+	// ConfigHash is the digest of the config block the generation belongs to.
+	ConfigHash string `json:"configHash"`
+}
+
+// OpenState loads stateDir's state, takes a new epoch above the last one
+// (and at least nowMs), reconciles the providers, and writes it all durably
+// before returning: nothing is published under an epoch that is not on disk.
+// A state file that cannot be read or parsed is an error, not a fresh start:
+// starting over could publish an epoch below one already published.
+func OpenState(dir string, nowMs int64, providers []config.Provider) (*State, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	s := &State{path: filepath.Join(dir, stateFile), Providers: map[string]*Revision{}}
+	data, err := os.ReadFile(s.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("read operator state: %w", err)
+	default:
+		if err := json.Unmarshal(data, s); err != nil {
+			return nil, fmt.Errorf("operator state %s is corrupt (%v); it holds the publisher epoch high-water mark, "+
+				"so the operator will not guess one: restore it, or delete it to start a new epoch from the wall clock", s.path, err)
+		}
+		if s.Providers == nil {
+			s.Providers = map[string]*Revision{}
+		}
+	}
+	s.Epoch = max(nowMs, s.Epoch+1)
+	if err := s.reconcile(providers); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Reconcile records a new provider set (a configuration reload): new names
+// get a uid, changed blocks a new generation, removed names are forgotten.
+// The result is written durably.
+func (s *State) Reconcile(providers []config.Provider) error { return s.reconcile(providers) }
+
+func (s *State) reconcile(providers []config.Provider) error {
+	keep := map[string]bool{}
+	for i := range providers {
+		p := &providers[i]
+		keep[p.Name] = true
+		hash, err := configHash(p)
+		if err != nil {
+			return err
+		}
+		rev, ok := s.Providers[p.Name]
+		switch {
+		case !ok:
+			uid, err := newUID()
+			if err != nil {
+				return err
+			}
+			s.Providers[p.Name] = &Revision{UID: uid, Generation: 1, ConfigHash: hash}
+		case rev.ConfigHash != hash:
+			rev.Generation++
+			rev.ConfigHash = hash
+		}
+	}
+	for name := range s.Providers {
+		if !keep[name] {
+			delete(s.Providers, name)
+		}
+	}
+	return s.write()
+}
+
+// write saves the state durably: a temporary file, fsync, rename over the
+// old one, fsync of the directory.
+func (s *State) write() error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(s.path)
+	tmp, err := os.CreateTemp(dir, stateFile+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write operator state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write operator state: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync operator state: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), s.path); err != nil {
+		return fmt.Errorf("replace operator state: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Revision returns a provider's revision.
+func (s *State) Revision(name string) *Revision { return s.Providers[name] }
+
+// configHash digests a provider's config block in a stable encoding.
+func configHash(p *config.Provider) (string, error) {
+	b, err := yaml.Marshal(p)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16]), nil
+}
+
+func newUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+}
+
+// names returns the provider names in order, for tests and logs.
+func (s *State) names() []string {
+	out := make([]string, 0, len(s.Providers))
+	for n := range s.Providers {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,72 @@
+package operator
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// Store holds published rows per target (a provider's routing identity),
+// each entry stamped at collection and expiring after a TTL. The site store
+// holds this site's providers; the peers store (cross-site half) holds what
+// peers published.
+type Store struct {
+	ttl time.Duration
+
+	mu      sync.Mutex
+	entries map[string]*Entry
+}
+
+// Entry is one target's latest batch.
+type Entry struct {
+	Target string
+	Rows   []signals.Row
+	// CollectedAt is when the rows were collected, read on the operator's
+	// clock (it carries the monotonic reading: stamps survive wall steps).
+	CollectedAt time.Time
+	ExpiresAt   time.Time
+}
+
+// NewStore returns an empty store whose entries live for ttl.
+func NewStore(ttl time.Duration) *Store {
+	return &Store{ttl: ttl, entries: map[string]*Entry{}}
+}
+
+// Put replaces a target's rows, collected at.
+func (s *Store) Put(target string, rows []signals.Row, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entries[target] = &Entry{Target: target, Rows: rows, CollectedAt: at, ExpiresAt: at.Add(s.ttl)}
+}
+
+// Delete drops a target (its provider was removed).
+func (s *Store) Delete(target string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.entries, target)
+}
+
+// Current returns the unexpired entries at now in target order, dropping the
+// expired ones. Entries are immutable once stored; callers may keep them.
+func (s *Store) Current(now time.Time) []*Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Entry, 0, len(s.entries))
+	for k, e := range s.entries {
+		if !now.Before(e.ExpiresAt) {
+			delete(s.entries, k)
+			continue
+		}
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Target < out[j].Target })
+	return out
+}
+
+// StampMs is a row's timestamp at render time: the wall clock now, less
+// the monotonic time elapsed since collection.
+func (e *Entry) StampMs(now time.Time) int64 {
+	return now.UnixMilli() - now.Sub(e.CollectedAt).Milliseconds()
+}
