@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// gridBinary is built once per test run by TestMain.
+var gridBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "grid-e2e")
+	if err != nil {
+		panic(err)
+	}
+	gridBinary = filepath.Join(dir, "grid")
+	out, err := exec.Command("go", "build", "-race", "-o", gridBinary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build grid: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freePort returns a loopback address nobody listens on.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// process is a grid subcommand running for the test.
+type process struct {
+	cmd *exec.Cmd
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+func start(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(gridBinary, args...)}
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+	}()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+		pw.Close()
+		if t.Failed() {
+			t.Logf("output of grid %v:\n%s", args, p.output())
+		}
+	})
+	return p
+}
+
+func (p *process) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (p *process) stop(t *testing.T) int {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case <-done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(15 * time.Second):
+		t.Fatal("did not exit within 15s of SIGTERM")
+		return -1
+	}
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func httpGet(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestOperatorBinaryAgainstSims runs `grid sim` of each kind and a `grid
+// operator` scraping them, as a user would: the operator reports every
+// provider ready, rejects a bad reload without losing anything, applies a
+// good one, and drains on SIGTERM with exit status 0.
+func TestOperatorBinaryAgainstSims(t *testing.T) {
+	kinds := []string{"epp", "vllm", "sglang"}
+	sims := map[string]string{}
+	for _, kind := range kinds {
+		addr := freePort(t)
+		start(t, "sim", "--kind", kind, "--listen", addr, "--endpoints", "2", "--metrics-token", "tok-"+kind)
+		sims[kind] = addr
+	}
+	dir := t.TempDir()
+	metricsAddr := freePort(t)
+	var providers strings.Builder
+	for _, kind := range kinds {
+		tokenFile := filepath.Join(dir, kind+".token")
+		os.WriteFile(tokenFile, []byte("tok-"+kind+"\n"), 0o600)
+		fmt.Fprintf(&providers, "  - {name: %s-pool, model: Qwen/Qwen3-8B, kind: %s, upstream: 'http://%s', metrics: {endpoint: 'http://%s', bearerTokenFile: %s}}\n",
+			kind, kind, sims[kind], sims[kind], tokenFile)
+	}
+	cfgFile := filepath.Join(dir, "site.yaml")
+	good := fmt.Sprintf("site: east\nstateDir: %s\nmetrics: {listen: %q}\nscrapeInterval: 200ms\nproviders:\n%s", filepath.Join(dir, "state"), metricsAddr, providers.String())
+	os.WriteFile(cfgFile, []byte(good), 0o600)
+
+	op := start(t, "--log-format", "json", "operator", "--config", cfgFile)
+	metrics := func() string { return httpGet("http://" + metricsAddr + "/metrics") }
+	eventually(t, "every provider ready", 15*time.Second, func() bool {
+		m := metrics()
+		for _, kind := range kinds {
+			if !strings.Contains(m, fmt.Sprintf(`grid_provider_ready{grid_provider="%s-pool",grid_site="east"} 1`, kind)) {
+				return false
+			}
+		}
+		return true
+	})
+	if r := httpGet("http://" + metricsAddr + "/readyz"); r != "ok\n" {
+		t.Errorf("/readyz: %q", r)
+	}
+
+	// A broken file is rejected whole; the running configuration stays.
+	os.WriteFile(cfgFile, []byte(good+"bogusKey: 1\n"), 0o600)
+	op.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, "rejected reload counted", 10*time.Second, func() bool {
+		return strings.Contains(metrics(), `grid_config_reload_total{result="rejected"} 1`)
+	})
+	if !strings.Contains(op.output(), "bogusKey") {
+		t.Error("the rejection log does not name the bad key")
+	}
+	if !strings.Contains(metrics(), `grid_provider_ready{grid_provider="epp-pool",grid_site="east"} 1`) {
+		t.Error("a rejected reload disturbed the providers")
+	}
+
+	// A good reload that drops a provider applies.
+	trimmed := strings.Replace(good, providers.String(), strings.SplitAfterN(providers.String(), "\n", 2)[0], 1)
+	os.WriteFile(cfgFile, []byte(trimmed), 0o600)
+	op.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, "applied reload", 10*time.Second, func() bool {
+		m := metrics()
+		return strings.Contains(m, `grid_config_reload_total{result="applied"} 1`) && !strings.Contains(m, `grid_provider="sglang-pool"`)
+	})
+
+	if code := op.stop(t); code != 0 {
+		t.Errorf("operator exited %d on SIGTERM", code)
+	}
+}
