@@ -36,7 +36,7 @@ var commands = map[string]command{
 	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", notYet("gateway")},
 	"demo":     {"run a whole grid on loopback with a load generator and a live view", notYet("demo")},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
-	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", notYet("certs")},
+	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},
 	"status":   {"show what a gateway currently believes about the sites", notYet("status")},
 	"version":  {"print the version and build information", runVersion},
 }

@@ -30,9 +30,13 @@ type Sample struct {
 	Timestamp    int64
 	HasTimestamp bool
 
-	labels  []byte // the text between the braces
-	scratch []byte // unescaped label values
+	labels    []byte // the text between the braces
+	hasLabels bool   // the line had a brace-delimited label set (maybe empty)
+	scratch   []byte // unescaped label values
 }
+
+// HasLabelSet reports whether the line carried braces, even empty ones.
+func (s *Sample) HasLabelSet() bool { return s.hasLabels }
 
 // ErrLabels reports a label section that does not parse.
 var ErrLabels = errors.New("malformed label set")
@@ -176,7 +180,8 @@ func Scan(body []byte, want func(name []byte) bool, fn func(*Sample)) (Stats, er
 		}
 		rest := line[n:]
 		var labels []byte
-		if len(rest) > 0 && rest[0] == '{' {
+		hasLabels := len(rest) > 0 && rest[0] == '{'
+		if hasLabels {
 			end, ok := labelsEnd(rest)
 			if !ok {
 				st.Samples--
@@ -192,7 +197,7 @@ func Scan(body []byte, want func(name []byte) bool, fn func(*Sample)) (Stats, er
 			continue
 		}
 		st.Kept++
-		s.Name, s.Value, s.Timestamp, s.HasTimestamp, s.labels = name, value, ts, hasTS, labels
+		s.Name, s.Value, s.Timestamp, s.HasTimestamp, s.labels, s.hasLabels = name, value, ts, hasTS, labels, hasLabels
 		s.scratch = s.scratch[:0]
 		fn(&s)
 	}

@@ -1,0 +1,269 @@
+package identity
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
+)
+
+// ReloadInterval is how often a Source re-reads its files by default.
+const ReloadInterval = 30 * time.Second
+
+// Source is a site's identity read from PEM files: its SVID (certificate
+// chain and key) and the grid CA bundle. It implements go-spiffe's
+// x509svid.Source and x509bundle.Source, so TLS configurations built on it
+// pick up renewed files for new connections without a restart.
+type Source struct {
+	files config.TLS
+	id    spiffeid.ID
+	td    spiffeid.TrustDomain
+	clk   clock.Clock
+	log   *slog.Logger
+
+	mu       sync.RWMutex
+	svid     *x509svid.SVID
+	bundle   *x509bundle.Bundle
+	raw      []byte // the files' bytes as last loaded, to see changes
+	current  [32]byte
+	previous *previousLeaf
+}
+
+// previousLeaf is the leaf a renewal replaced: it still counts as this
+// site's own until it expires, so a gateway that has not reloaded yet keeps
+// its Local access.
+type previousLeaf struct {
+	sum      [32]byte
+	notAfter time.Time
+}
+
+// LoadSource reads the files and checks them: the key matches, the leaf
+// carries exactly one URI SAN naming this site, and it chains to the CA.
+func LoadSource(files config.TLS, trustDomain, site string, clk clock.Clock, log *slog.Logger) (*Source, error) {
+	id, err := SiteID(trustDomain, site)
+	if err != nil {
+		return nil, err
+	}
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Source{files: files, id: id, td: id.TrustDomain(), clk: clk, log: log}
+	if _, err := s.Reload(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ID is this site's SPIFFE id.
+func (s *Source) ID() spiffeid.ID { return s.id }
+
+// TrustDomain is the grid's trust domain.
+func (s *Source) TrustDomain() spiffeid.TrustDomain { return s.td }
+
+// Reload re-reads the files. A change is applied only when the new material
+// is whole and valid; otherwise the old identity stays and the error is
+// returned. changed reports whether new material was applied.
+func (s *Source) Reload() (changed bool, err error) {
+	raw, err := s.readAll()
+	if err != nil {
+		return false, err
+	}
+	s.mu.RLock()
+	same := bytes.Equal(raw, s.raw)
+	s.mu.RUnlock()
+	if same {
+		return false, nil
+	}
+	svid, err := x509svid.Load(s.files.Cert, s.files.Key)
+	if err != nil {
+		return false, fmt.Errorf("load site certificate %s: %w", s.files.Cert, err)
+	}
+	if svid.ID != s.id {
+		return false, fmt.Errorf("certificate %s names %s, but this is %s", s.files.Cert, svid.ID, s.id)
+	}
+	bundle, err := x509bundle.Load(s.td, s.files.CA)
+	if err != nil {
+		return false, fmt.Errorf("load grid CA %s: %w", s.files.CA, err)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, bundle); err != nil {
+		return false, fmt.Errorf("certificate %s does not chain to the grid CA %s: %w", s.files.Cert, s.files.CA, err)
+	}
+	sum := sha256.Sum256(svid.Certificates[0].Raw)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.svid != nil && sum != s.current {
+		s.previous = &previousLeaf{sum: s.current, notAfter: s.svid.Certificates[0].NotAfter}
+	}
+	s.svid, s.bundle, s.raw, s.current = svid, bundle, raw, sum
+	return true, nil
+}
+
+func (s *Source) readAll() ([]byte, error) {
+	var all []byte
+	for _, f := range []string{s.files.CA, s.files.Cert, s.files.Key} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("read identity: %w", err)
+		}
+		all = append(all, b...)
+		all = append(all, 0)
+	}
+	return all, nil
+}
+
+// Run re-reads the files every interval until ctx ends. A failed read keeps
+// the current identity and is logged.
+func (s *Source) Run(ctx context.Context, interval time.Duration) {
+	t := s.clk.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		changed, err := s.Reload()
+		switch {
+		case err != nil:
+			s.log.Warn("identity reload failed; keeping the current certificate", "err", err)
+		case changed:
+			s.log.Info("identity reloaded", "id", s.id.String(), "not_after", s.Expiry())
+		}
+	}
+}
+
+// GetX509SVID implements x509svid.Source.
+func (s *Source) GetX509SVID() (*x509svid.SVID, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.svid, nil
+}
+
+// GetX509BundleForTrustDomain implements x509bundle.Source.
+func (s *Source) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	if td != s.td {
+		return nil, fmt.Errorf("no bundle for trust domain %s", td)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.bundle, nil
+}
+
+// Expiry is when the current certificate expires.
+func (s *Source) Expiry() time.Time {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.svid.Certificates[0].NotAfter
+}
+
+// IsOwnLeaf reports whether cert is this site's current leaf, or the one a
+// renewal replaced while it has not expired.
+func (s *Source) IsOwnLeaf(cert *x509.Certificate) bool {
+	sum := sha256.Sum256(cert.Raw)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if sum == s.current {
+		return true
+	}
+	return s.previous != nil && sum == s.previous.sum && s.clk.Now().Before(s.previous.notAfter)
+}
+
+// ServerTLS is the configuration of an mTLS listener: TLS 1.3 only, a client
+// certificate required, chained to the grid CA and carrying a SPIFFE id of
+// the trust domain. Which caller it is, is decided per request (Classify).
+func (s *Source) ServerTLS() *tls.Config {
+	c := tlsconfig.MTLSServerConfig(s, s, tlsconfig.AuthorizeMemberOf(s.td))
+	c.MinVersion = tls.VersionTLS13
+	return c
+}
+
+// ClientTLS is the configuration for dialling site: the server's chain must
+// verify against the grid CA and its SPIFFE id must be exactly that site's,
+// whatever name was dialled. Session resumption stays off, so every
+// connection verifies the chain.
+func (s *Source) ClientTLS(site string) (*tls.Config, error) {
+	want, err := SiteID(s.td.Name(), site)
+	if err != nil {
+		return nil, err
+	}
+	c := tlsconfig.MTLSClientConfig(s, s, tlsconfig.AuthorizeID(want))
+	c.MinVersion = tls.VersionTLS13
+	c.ClientSessionCache = nil
+	return c, nil
+}
+
+// CallerClass is who is on the other end of a verified connection.
+type CallerClass int
+
+// Caller classes (reference §2.1).
+const (
+	// Refused is anything that is neither this site nor a site.
+	Refused CallerClass = iota
+	// Local is this site's own certificate: its gateway.
+	Local
+	// Peer is another site of the grid.
+	Peer
+)
+
+// Caller is a classified client.
+type Caller struct {
+	Class CallerClass
+	// Site is the peer's site name, for Peer.
+	Site string
+}
+
+// Classify decides the caller from a verified connection's leaf. A leaf that
+// names this site but is neither its current nor its previous certificate is
+// refused: holding a certificate for a site is not enough to read as it.
+func (s *Source) Classify(cs *tls.ConnectionState) Caller {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return Caller{}
+	}
+	leaf := cs.PeerCertificates[0]
+	id, err := x509svid.IDFromCert(leaf)
+	if err != nil {
+		return Caller{}
+	}
+	if id == s.id {
+		if s.IsOwnLeaf(leaf) {
+			return Caller{Class: Local}
+		}
+		return Caller{}
+	}
+	site, err := SiteOf(id, s.td)
+	if err != nil {
+		return Caller{}
+	}
+	return Caller{Class: Peer, Site: site}
+}
+
+// VerifiedSite returns the site a verified server presented, for a client
+// that must key what it reads on that identity.
+func VerifiedSite(cs *tls.ConnectionState, td spiffeid.TrustDomain) (string, error) {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return "", errors.New("no peer certificate")
+	}
+	id, err := x509svid.IDFromCert(cs.PeerCertificates[0])
+	if err != nil {
+		return "", err
+	}
+	return SiteOf(id, td)
+}

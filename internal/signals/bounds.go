@@ -1,0 +1,120 @@
+package signals
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/grid-inference/grid/internal/config"
+)
+
+// Refusal reasons for rows a receiver will not keep, the `reason` label of
+// grid_peer_signals_refused_total.
+const (
+	// RefuseName: not a contract series.
+	RefuseName = "name"
+	// RefuseProvider: grid_provider is not a DNS-1123 label.
+	RefuseProvider = "provider"
+	// RefuseValue: not finite, negative, or above 1 for a ratio.
+	RefuseValue = "value"
+	// RefuseProviderCap: past the first MaxPeerProviders providers.
+	RefuseProviderCap = "provider_cap"
+	// RefuseAge: stamped more than 1s past its Date or a day before it.
+	RefuseAge = "age"
+	// RefuseSite: attributed to another site than the one that answered.
+	RefuseSite = "site"
+	// RefuseEpoch: a batch whose publisher epoch is more than ten minutes
+	// ahead of the receiver's wall clock.
+	RefuseEpoch = "epoch"
+	// RefuseDelayed: a batch older than one already held.
+	RefuseDelayed = "delayed"
+)
+
+// RefuseReasons lists every reason, for pre-created counters.
+var RefuseReasons = []string{RefuseName, RefuseProvider, RefuseValue, RefuseProviderCap, RefuseAge, RefuseSite, RefuseEpoch, RefuseDelayed}
+
+// Bounds on what one site may publish (reference §3.2).
+const (
+	MaxPeerProviders = 64
+	// AgeAheadTolerance is how far past its Date a stamp may be: the Date
+	// header's one-second resolution.
+	AgeAheadTolerance = 1000
+	// MaxAgeMs is the oldest a relayed row may be.
+	MaxAgeMs = 86_400_000
+	// EpochAheadMs is how far ahead of the receiver's wall clock a publisher
+	// epoch may be (SWIM's lease bound).
+	EpochAheadMs = 600_000
+)
+
+// Check applies the per-row contract bounds: a contract name, a DNS-1123
+// grid_provider, a finite non-negative value, at most 1 for the ready flag
+// and the error ratio. It returns the refusal reason, or "".
+func Check(r *Row) string {
+	if !IsContract(r.Name) {
+		return RefuseName
+	}
+	if p, _ := r.Label(LabelProvider); !config.IsDNS1123Label(p) {
+		return RefuseProvider
+	}
+	if math.IsNaN(r.Value) || math.IsInf(r.Value, 0) || r.Value < 0 {
+		return RefuseValue
+	}
+	if (r.Name == Ready || r.Name == ErrorRatio) && r.Value > 1 {
+		return RefuseValue
+	}
+	return ""
+}
+
+// AgeMs returns a row's age against the response's Date, and whether it is
+// admissible: no more than 1s past the Date (its resolution), no more than a
+// day before it.
+func AgeMs(dateMs, stampMs int64) (int64, bool) {
+	age := dateMs - stampMs
+	if age < -AgeAheadTolerance || age > MaxAgeMs {
+		return age, false
+	}
+	return max(age, 0), true
+}
+
+// Batch is a parsed grid_provider_config_generation line.
+type Batch struct {
+	UID        string
+	Epoch      int64
+	Sequence   int64
+	Samples    int64
+	Generation float64
+}
+
+// ParseBatch reads a batch metadata row; ok is false when a label is missing
+// or not a number.
+func ParseBatch(r *Row) (b Batch, ok bool) {
+	if r.Name != ConfigGeneration {
+		return b, false
+	}
+	b.Generation = r.Value
+	var err error
+	num := func(name string) int64 {
+		v, _ := r.Label(name)
+		n, e := strconv.ParseInt(v, 10, 64)
+		if e != nil || n < 0 {
+			err = e
+			if err == nil {
+				err = strconv.ErrRange
+			}
+		}
+		return n
+	}
+	b.UID, _ = r.Label("provider_uid")
+	b.Epoch = num("publisher_epoch")
+	b.Sequence = num("batch_sequence")
+	b.Samples = num("batch_samples")
+	return b, err == nil && b.UID != ""
+}
+
+// Before reports whether b was published before o by the same publisher
+// ordering: (epoch, sequence).
+func (b Batch) Before(o Batch) bool {
+	return b.Epoch < o.Epoch || (b.Epoch == o.Epoch && b.Sequence < o.Sequence)
+}
+
+// Same reports whether b and o are the same publication.
+func (b Batch) Same(o Batch) bool { return b.Epoch == o.Epoch && b.Sequence == o.Sequence }
