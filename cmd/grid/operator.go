@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/operator"
 )
 
@@ -37,26 +39,53 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
-	op := operator.New(cfg, state, operator.Options{Clock: clk, Logger: log})
-	if cfg.TLS == nil {
+	var id *identity.Source
+	if cfg.TLS != nil {
+		if id, err = identity.LoadSource(*cfg.TLS, cfg.TrustDomain, cfg.Site, clk, log); err != nil {
+			return err
+		}
+	} else {
 		log.Warn("no tls block: scraping and serving /metrics only; no signals are served and no peers polled (there is no plaintext signals path)")
 	}
+	op := operator.New(cfg, state, operator.Options{Clock: clk, Logger: log, Identity: id})
 	ln, err := net.Listen("tcp", cfg.Metrics.Listen)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)
 	}
+	var signalsLn net.Listener
+	if id != nil {
+		if signalsLn, err = net.Listen("tcp", cfg.Signals.Listen); err != nil {
+			ln.Close()
+			return fmt.Errorf("signals listener: %w", err)
+		}
+	}
 	srv := &http.Server{Handler: op.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	log.Info("operator started", "metrics", ln.Addr().String(), "providers", len(cfg.Providers), "publisher_epoch", op.Epoch())
+	log.Info("operator started", "metrics", ln.Addr().String(), "providers", len(cfg.Providers), "peers", len(cfg.Peers), "publisher_epoch", op.Epoch())
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); op.Run(runCtx) }()
-	go reloadOnHUP(runCtx, *file, op, e)
-
-	err = serveUntilDone(ctx, srv, ln, e, *drain)
+	var wg sync.WaitGroup
+	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
+	goRun(func() { op.Run(runCtx) })
+	goRun(func() { reloadOnHUP(runCtx, *file, op, e) })
+	var signalsErr error
+	if id != nil {
+		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
+		goRun(func() { id.Run(runCtx, identity.ReloadInterval) })
+		goRun(func() { op.RunPeers(runCtx) })
+		goRun(func() {
+			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, *drain); err != nil {
+				signalsErr = err
+				cancel()
+			}
+		})
+	}
+	err = serveUntilDone(runCtx, srv, ln, e, *drain)
 	cancel()
-	<-done
+	wg.Wait()
+	if signalsErr != nil {
+		return signalsErr
+	}
 	return err
 }
 

@@ -17,6 +17,7 @@ type metrics struct {
 	scrapes     scrapeCounter
 	lastSuccess *prometheus.GaugeVec
 	reloads     *prometheus.CounterVec
+	peers       *peerMetrics
 }
 
 type scrapeCounter struct{ *prometheus.CounterVec }
@@ -49,6 +50,7 @@ func newMetrics(o *Operator) *metrics {
 	}
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
+	m.peers = newPeerMetrics(m.reg)
 	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, storeCollector{o},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -118,7 +120,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	o := c.o
 	now := o.clk.Now()
 	seen := map[[3]string]bool{}
-	for _, e := range o.site.Current(now) {
+	entries := o.site.Current(now)
+	entries = append(entries, o.peerStore.Current(now)...)
+	for _, e := range entries {
 		for i := range e.Rows {
 			row := &e.Rows[i]
 			d, ok := providerDescs[row.Name]

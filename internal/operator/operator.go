@@ -17,6 +17,7 @@ import (
 	"github.com/grid-inference/grid/internal/backend"
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/latency"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"
@@ -26,6 +27,9 @@ import (
 type Options struct {
 	Clock  clock.Clock
 	Logger *slog.Logger
+	// Identity is the site's certificate material. Without it the operator
+	// scrapes and serves /metrics only: no signals, no peers.
+	Identity *identity.Source
 }
 
 // Operator is one site's operator.
@@ -36,6 +40,10 @@ type Operator struct {
 	memo  *backend.ProbeMemo
 	site  *Store
 	m     *metrics
+	id    *identity.Source
+	// peerStore holds what peers published, keyed "peer/provider".
+	peerStore *Store
+	poller    *peerPoller
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
@@ -71,16 +79,26 @@ func New(cfg *config.Operator, state *State, opts Options) *Operator {
 		clk:   opts.Clock,
 		log:   opts.Logger,
 		state: state,
-		memo:  backend.NewProbeMemo(),
-		site:  NewStore(cfg.SignalsTTL.D()),
+		memo:      backend.NewProbeMemo(),
+		site:      NewStore(cfg.SignalsTTL.D()),
+		peerStore: NewStore(cfg.PeerPoll.TTL.D()),
+		id:        opts.Identity,
 	}
 	o.m = newMetrics(o)
 	o.cfg.Store(cfg)
 	for i := range cfg.Providers {
 		o.addProvider(&cfg.Providers[i])
 	}
+	if o.id != nil {
+		o.poller = newPeerPoller(o)
+		o.poller.configure(cfg.Peers)
+		o.m.peers.expiry.Set(float64(o.id.Expiry().Unix()))
+	}
 	return o
 }
+
+// PeerStore is what the operator holds of its peers' rows.
+func (o *Operator) PeerStore() *Store { return o.peerStore }
 
 func (o *Operator) addProvider(p *config.Provider) {
 	o.providers.Store(p.Name, &provider{cfg: *p, target: backend.NewTarget(p)})
@@ -247,7 +265,9 @@ func (o *Operator) publish(target string, rows []signals.Row, now time.Time) {
 		},
 		Value: float64(rev.Generation),
 	}
-	o.site.Put(target, append(rows, meta), now)
+	batch, _ := signals.ParseBatch(&meta)
+	o.site.PutEntry(&Entry{Target: target, Rows: append(rows, meta), CollectedAt: now,
+		ExpiresAt: now.Add(o.site.TTL()), Batch: &batch})
 }
 
 // attribute sets grid_site and grid_provider on a row's labels, moving any
@@ -286,8 +306,9 @@ func (o *Operator) Reload(next *config.Operator) error {
 	o.reloadMu.Lock()
 	defer o.reloadMu.Unlock()
 	cur := o.cfg.Load()
-	if next.Site != cur.Site || next.Signals != cur.Signals || next.Metrics != cur.Metrics || next.StateDir != cur.StateDir {
-		return fmt.Errorf("site, signals, metrics and stateDir cannot change on reload; restart the operator")
+	if next.Site != cur.Site || next.Signals != cur.Signals || next.Metrics != cur.Metrics || next.StateDir != cur.StateDir ||
+		next.TrustDomain != cur.TrustDomain || (next.TLS == nil) != (cur.TLS == nil) || (next.TLS != nil && *next.TLS != *cur.TLS) {
+		return fmt.Errorf("site, trustDomain, tls, signals, metrics and stateDir cannot change on reload; restart the operator")
 	}
 	if err := o.state.Reconcile(next.Providers); err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -324,6 +345,9 @@ func (o *Operator) Reload(next *config.Operator) error {
 	}
 	o.memo.Clear()
 	o.cfg.Store(next)
+	if o.poller != nil {
+		o.poller.configure(next.Peers)
+	}
 	return nil
 }
 

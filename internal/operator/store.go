@@ -2,6 +2,7 @@ package operator
 
 import (
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +26,11 @@ type Entry struct {
 	Rows   []signals.Row
 	// CollectedAt is when the rows were collected, read on the operator's
 	// clock (it carries the monotonic reading: stamps survive wall steps).
+	// For a peer's rows it is the local instant their age points at.
 	CollectedAt time.Time
 	ExpiresAt   time.Time
+	// Batch is the entry's batch metadata, when it carried a valid line.
+	Batch *signals.Batch
 }
 
 // NewStore returns an empty store whose entries live for ttl.
@@ -34,11 +38,41 @@ func NewStore(ttl time.Duration) *Store {
 	return &Store{ttl: ttl, entries: map[string]*Entry{}}
 }
 
-// Put replaces a target's rows, collected at.
+// Put replaces a target's rows, collected at; they expire a TTL later.
 func (s *Store) Put(target string, rows []signals.Row, at time.Time) {
+	s.PutEntry(&Entry{Target: target, Rows: rows, CollectedAt: at, ExpiresAt: at.Add(s.ttl)})
+}
+
+// PutEntry stores a prepared entry.
+func (s *Store) PutEntry(e *Entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.entries[target] = &Entry{Target: target, Rows: rows, CollectedAt: at, ExpiresAt: at.Add(s.ttl)}
+	s.entries[e.Target] = e
+}
+
+// TTL is how long entries live.
+func (s *Store) TTL() time.Duration { return s.ttl }
+
+// Replace swaps every entry whose target starts with prefix for entries: a
+// peer's answer replaces all that peer held.
+func (s *Store) Replace(prefix string, entries []*Entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.entries {
+		if strings.HasPrefix(k, prefix) {
+			delete(s.entries, k)
+		}
+	}
+	for _, e := range entries {
+		s.entries[e.Target] = e
+	}
+}
+
+// Get returns a target's entry, expired or not, for fencing.
+func (s *Store) Get(target string) *Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entries[target]
 }
 
 // Delete drops a target (its provider was removed).

@@ -1,0 +1,285 @@
+package operator
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/grid-inference/grid/internal/identity"
+)
+
+// Limits of the signals listener (reference §2.1).
+type Limits struct {
+	// MaxConns bounds open connections; ReservedLocal of them only the
+	// site's own gateway may hold.
+	MaxConns      int
+	ReservedLocal int
+	// HandshakesPerSource bounds TLS handshakes in progress per source IP
+	// (per /64 for IPv6).
+	HandshakesPerSource int
+	// PerPeer bounds one peer site's authenticated connections.
+	PerPeer int
+	// Handshake bounds the TLS handshake; HeaderRead bounds reading a
+	// request's headers, keep-alive idle included; WriteStall bounds a write
+	// that makes no progress.
+	Handshake, HeaderRead, WriteStall time.Duration
+}
+
+// DefaultLimits are the reference's.
+var DefaultLimits = Limits{
+	MaxConns: 256, ReservedLocal: 8, HandshakesPerSource: 8, PerPeer: 8,
+	Handshake: 3 * time.Second, HeaderRead: 10 * time.Second, WriteStall: 10 * time.Second,
+}
+
+// guardedListener accepts TCP connections, completes their TLS handshakes
+// under the limits, and hands authenticated connections to an http.Server.
+// Sheds are counted by the limit that shed them.
+type guardedListener struct {
+	raw    net.Listener
+	conf   *tls.Config
+	id     *identity.Source
+	isPeer func(string) bool
+	lim    Limits
+	shed   *prometheus.CounterVec
+	log    *slog.Logger
+
+	ready chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+
+	mu          sync.Mutex
+	total       int            // every open connection, handshaking or not
+	nonLocal    int            // authenticated connections not of Local
+	handshaking map[string]int // source key -> handshakes in progress
+	perPeer     map[string]int
+	release     map[net.Conn]func()
+}
+
+func newGuardedListener(raw net.Listener, id *identity.Source, isPeer func(string) bool, lim Limits, shed *prometheus.CounterVec, log *slog.Logger) *guardedListener {
+	l := &guardedListener{
+		raw: raw, conf: id.ServerTLS(), id: id, isPeer: isPeer, lim: lim, shed: shed, log: log,
+		ready: make(chan net.Conn), done: make(chan struct{}),
+		handshaking: map[string]int{}, perPeer: map[string]int{}, release: map[net.Conn]func(){},
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l
+}
+
+func (l *guardedListener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.raw.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // an accept error pauses, not spins
+			continue
+		}
+		src := sourceKey(c.RemoteAddr())
+		l.mu.Lock()
+		switch {
+		case l.total >= l.lim.MaxConns:
+			l.mu.Unlock()
+			l.shedConn(c, "total")
+			continue
+		case l.handshaking[src] >= l.lim.HandshakesPerSource:
+			l.mu.Unlock()
+			l.shedConn(c, "source")
+			continue
+		}
+		l.total++
+		l.handshaking[src]++
+		l.mu.Unlock()
+		l.wg.Add(1)
+		go l.handshake(c, src)
+	}
+}
+
+func (l *guardedListener) shedConn(c net.Conn, limit string) {
+	l.shed.WithLabelValues(limit).Inc()
+	c.Close()
+}
+
+// handshake completes TLS within its bound, then admits the connection by
+// caller class: Local always (it has its reserve); others within the
+// non-Local share; a peer site within its own cap, or one 503 and close.
+func (l *guardedListener) handshake(raw net.Conn, src string) {
+	defer l.wg.Done()
+	tc := tls.Server(&stallConn{Conn: raw, stall: l.lim.WriteStall}, l.conf)
+	ctx, cancel := context.WithTimeout(context.Background(), l.lim.Handshake)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	l.mu.Lock()
+	if l.handshaking[src]--; l.handshaking[src] == 0 {
+		delete(l.handshaking, src)
+	}
+	if err != nil {
+		l.total--
+		l.mu.Unlock()
+		tc.Close()
+		return
+	}
+	cs := tc.ConnectionState()
+	caller := l.id.Classify(&cs)
+	if caller.Class != identity.Local {
+		if l.nonLocal >= l.lim.MaxConns-l.lim.ReservedLocal {
+			l.total--
+			l.mu.Unlock()
+			l.shedConn(tc, "total")
+			return
+		}
+		if caller.Class == identity.Peer && l.isPeer(caller.Site) && l.perPeer[caller.Site] >= l.lim.PerPeer {
+			l.total--
+			l.mu.Unlock()
+			l.shed.WithLabelValues("peer").Inc()
+			tc.SetWriteDeadline(time.Now().Add(time.Second))
+			io.WriteString(tc, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 42\r\nConnection: close\r\n\r\nsignals: too many connections from a site\n")
+			tc.Close()
+			return
+		}
+		l.nonLocal++
+		if caller.Class == identity.Peer {
+			l.perPeer[caller.Site]++
+		}
+	}
+	var once sync.Once
+	l.release[tc] = func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.total--
+			if caller.Class != identity.Local {
+				l.nonLocal--
+			}
+			if caller.Class == identity.Peer {
+				if l.perPeer[caller.Site]--; l.perPeer[caller.Site] <= 0 {
+					delete(l.perPeer, caller.Site)
+				}
+			}
+			delete(l.release, tc)
+		})
+	}
+	l.mu.Unlock()
+	select {
+	case l.ready <- tc:
+	case <-l.done:
+		l.connClosed(tc)
+		tc.Close()
+	}
+}
+
+// connClosed releases a connection's share of the limits; http.Server calls
+// it through ConnState when the connection ends.
+func (l *guardedListener) connClosed(c net.Conn) {
+	l.mu.Lock()
+	rel := l.release[c]
+	l.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+}
+
+func (l *guardedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *guardedListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.done)
+		err = l.raw.Close()
+	})
+	return err
+}
+
+// wait returns once the accept loop and every handshake have ended.
+func (l *guardedListener) wait() { l.wg.Wait() }
+
+func (l *guardedListener) Addr() net.Addr { return l.raw.Addr() }
+
+// sourceKey groups connections by source: the IPv4 address, or the /64 of
+// an IPv6 one, so one host cannot spread its handshakes over a prefix.
+func sourceKey(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	if v4 := ta.IP.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+}
+
+// stallConn sets a fresh write deadline before every write, so a peer that
+// stops reading fails a write after the stall bound rather than pinning a
+// goroutine forever.
+type stallConn struct {
+	net.Conn
+	stall time.Duration
+}
+
+func (c *stallConn) Write(b []byte) (int, error) {
+	c.Conn.SetWriteDeadline(time.Now().Add(c.stall))
+	return c.Conn.Write(b)
+}
+
+// ServeSignals serves the signals endpoint on ln until ctx ends, then shuts
+// down within drain.
+func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits, drain time.Duration) error {
+	if o.id == nil {
+		return errors.New("no identity: the signals listener is mTLS only")
+	}
+	gl := newGuardedListener(ln, o.id, o.isPeer, lim, o.m.peers.shed, o.log)
+	srv := &http.Server{
+		Handler:           o.SignalsHandler(),
+		ReadHeaderTimeout: lim.HeaderRead,
+		IdleTimeout:       lim.HeaderRead,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(o.log.Handler(), slog.LevelDebug),
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				gl.connClosed(c)
+			}
+		},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(gl) }()
+	select {
+	case err := <-errc:
+		gl.Close()
+		gl.wait()
+		return fmt.Errorf("signals listener: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	gl.Close()
+	gl.wait()
+	<-errc
+	return nil
+}
