@@ -48,6 +48,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 		log.Warn("no tls block: scraping and serving /metrics only; no signals are served and no peers polled (there is no plaintext signals path)")
 	}
 	op := operator.New(cfg, state, operator.Options{Clock: clk, Logger: log, Identity: id})
+	defer op.Close()
 	ln, err := net.Listen("tcp", cfg.Metrics.Listen)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)

@@ -76,9 +76,9 @@ func New(cfg *config.Operator, state *State, opts Options) *Operator {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	o := &Operator{
-		clk:   opts.Clock,
-		log:   opts.Logger,
-		state: state,
+		clk:       opts.Clock,
+		log:       opts.Logger,
+		state:     state,
 		memo:      backend.NewProbeMemo(),
 		site:      NewStore(cfg.SignalsTTL.D()),
 		peerStore: NewStore(cfg.PeerPoll.TTL.D()),
@@ -355,6 +355,21 @@ func sameConfig(a, b *config.Provider) bool {
 	ha, errA := configHash(a)
 	hb, errB := configHash(b)
 	return errA == nil && errB == nil && ha == hb
+}
+
+// Close releases the operator's idle connections to providers and peers.
+func (o *Operator) Close() {
+	o.providers.Range(func(_, v any) bool {
+		v.(*provider).target.Close()
+		return true
+	})
+	if o.poller != nil {
+		for _, ps := range o.poller.snapshot() {
+			if ps.client != nil {
+				ps.client.CloseIdleConnections()
+			}
+		}
+	}
 }
 
 // Ready reports whether the operator has finished a scrape pass.

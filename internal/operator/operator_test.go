@@ -106,7 +106,9 @@ func newHarness(t *testing.T, ps ...config.Provider) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, op: New(cfg, state, Options{Clock: clk}), clk: clk, cfg: cfg}
+	op := New(cfg, state, Options{Clock: clk})
+	t.Cleanup(op.Close)
+	return &harness{t: t, op: op, clk: clk, cfg: cfg}
 }
 
 func providerConf(name, kind, url string) config.Provider {
