@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -189,5 +191,84 @@ func TestOperatorBinaryAgainstSims(t *testing.T) {
 
 	if code := op.stop(t); code != 0 {
 		t.Errorf("operator exited %d on SIGTERM", code)
+	}
+}
+
+// TestTwoSitesWithGridCerts: certificates from `grid certs`, two `grid
+// operator`s on loopback; each sees the other's provider on /metrics within
+// two peer polls, and the signals endpoint admits exactly who it should.
+func TestTwoSitesWithGridCerts(t *testing.T) {
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	for _, args := range [][]string{
+		{"certs", "init", "--dir", certs},
+		{"certs", "issue", "--dir", certs, "--site", "east"},
+		{"certs", "issue", "--dir", certs, "--site", "west"},
+		{"certs", "issue", "--dir", certs, "--site", "north"},
+	} {
+		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
+			t.Fatalf("grid %v: %v\n%s", args, err, out)
+		}
+	}
+	sims := map[string]string{"east": freePort(t), "west": freePort(t)}
+	start(t, "sim", "--kind", "epp", "--listen", sims["east"], "--endpoints", "2")
+	start(t, "sim", "--kind", "sglang", "--listen", sims["west"])
+	signalsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
+	metricsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
+	kinds := map[string]string{"east": "epp", "west": "sglang"}
+	for _, site := range []string{"east", "west"} {
+		peer := map[string]string{"east": "west", "west": "east"}[site]
+		cfg := fmt.Sprintf(`site: %[1]s
+tls: {ca: %[2]s/ca.crt, cert: %[2]s/%[1]s.crt, key: %[2]s/%[1]s.key}
+signals: {listen: %[3]q}
+metrics: {listen: %[4]q}
+stateDir: %[5]s
+scrapeInterval: 200ms
+peerPollInterval: 1s
+peers:
+  - {site: %[6]s, signals: "https://%[7]s"}
+providers:
+  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: %[8]s, upstream: "http://%[9]s", metrics: {endpoint: "http://%[9]s"}}
+`, site, certs, signalsAddr[site], metricsAddr[site], filepath.Join(dir, "state-"+site), peer, signalsAddr[peer], kinds[site], sims[site])
+		file := filepath.Join(dir, site+".yaml")
+		os.WriteFile(file, []byte(cfg), 0o600)
+		start(t, "operator", "--config", file)
+	}
+	for site, peer := range map[string]string{"east": "west", "west": "east"} {
+		want := fmt.Sprintf(`grid_provider_ready{grid_provider="%s-pool",grid_site="%s"} 1`, peer, peer)
+		eventually(t, site+" sees "+peer, 15*time.Second, func() bool {
+			return strings.Contains(httpGet("http://"+metricsAddr[site]+"/metrics"), want)
+		})
+	}
+
+	read := func(as string) (int, string, error) {
+		crt, key := filepath.Join(certs, as+".crt"), filepath.Join(certs, as+".key")
+		cert, err := tls.LoadX509KeyPair(crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPEM, _ := os.ReadFile(filepath.Join(certs, "ca.crt"))
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(caPEM)
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "east.grid.internal",
+		}}, Timeout: 5 * time.Second}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get("https://" + signalsAddr["east"] + "/v1/site/signals")
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	if code, body, err := read("east"); err != nil || code != 200 || !strings.Contains(body, `grid_site="west"`) || !strings.Contains(body, `grid_site="east"`) {
+		t.Errorf("east's certificate: %d %v\n%s", code, err, body)
+	}
+	if code, body, err := read("west"); err != nil || code != 200 || strings.Contains(body, `grid_site="west"`) || !strings.Contains(body, `grid_site="east"`) {
+		t.Errorf("west's certificate: %d %v\n%s", code, err, body)
+	}
+	if code, body, err := read("north"); err != nil || code != 403 {
+		t.Errorf("north's certificate: %d %v %q", code, err, body)
 	}
 }
