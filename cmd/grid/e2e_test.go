@@ -271,4 +271,8 @@ providers:
 	if code, body, err := read("north"); err != nil || code != 403 {
 		t.Errorf("north's certificate: %d %v %q", code, err, body)
 	}
+	out, err := exec.Command(gridBinary, "status", "--metrics", "http://"+metricsAddr["east"]).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "west-pool") || !strings.Contains(string(out), "accepted") || !strings.Contains(string(out), "Ready") {
+		t.Errorf("grid status: %v\n%s", err, out)
+	}
 }

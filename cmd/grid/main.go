@@ -37,7 +37,7 @@ var commands = map[string]command{
 	"demo":     {"run a whole grid on loopback with a load generator and a live view", notYet("demo")},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
 	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},
-	"status":   {"show what a gateway currently believes about the sites", notYet("status")},
+	"status":   {"show what an operator or gateway currently believes about the sites", runStatus},
 	"version":  {"print the version and build information", runVersion},
 }
 

@@ -92,7 +92,7 @@ var (
 	}()
 	verdictDesc = prometheus.NewDesc("grid_provider_readiness",
 		"The provider's current readiness verdict: 1 on the series of its reason and status.",
-		[]string{signals.LabelProvider, "reason", "status"}, nil)
+		[]string{signals.LabelSite, signals.LabelProvider, "reason", "status"}, nil)
 	engineDescs = map[string]*prometheus.Desc{
 		"waiting_uncached_tokens": prometheus.NewDesc("grid_provider_engine_waiting_uncached_tokens", "Prompt tokens waiting to be prefilled, from the engine's /v1/loads.", []string{signals.LabelSite, signals.LabelProvider}, nil),
 		"token_usage":             prometheus.NewDesc("grid_provider_engine_token_usage", "KV token-pool usage of the engine, 0 to 1.", []string{signals.LabelSite, signals.LabelProvider}, nil),
@@ -147,7 +147,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		p.mu.Unlock()
 		name := k.(string)
 		if scraped {
-			ch <- prometheus.MustNewConstMetric(verdictDesc, prometheus.GaugeValue, 1, name, string(verdict.Reason), string(verdict.Status))
+			ch <- prometheus.MustNewConstMetric(verdictDesc, prometheus.GaugeValue, 1, site, name, string(verdict.Reason), string(verdict.Status))
 		}
 		if engine != nil {
 			for key, v := range map[string]float64{

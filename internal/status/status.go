@@ -1,0 +1,155 @@
+// Package status renders what a Grid daemon currently believes, read from
+// its Prometheus /metrics page, as a table for people: per site and provider
+// the readiness, endpoints and in-flight load; per peer the poll health and
+// whether its signal ages are being rejected.
+package status
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+type providerRow struct {
+	site, provider         string
+	ready, endpoints, load *float64
+	reason                 string
+}
+
+type peerRow struct {
+	peer                    string
+	up, lastSuccess, agesRj *float64
+}
+
+// Report is a parsed view of one /metrics page.
+type Report struct {
+	providers map[[2]string]*providerRow
+	peers     map[string]*peerRow
+}
+
+var wanted = expo.NewNameSet(signals.Ready, signals.ReadyEndpoints, signals.InFlight,
+	"grid_provider_readiness", "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected")
+
+// Parse reads a /metrics page.
+func Parse(body []byte) (*Report, error) {
+	r := &Report{providers: map[[2]string]*providerRow{}, peers: map[string]*peerRow{}}
+	_, err := expo.Scan(body, wanted.Has, func(s *expo.Sample) {
+		label := func(n string) string { v, _ := s.Label(n); return string(v) }
+		v := s.Value
+		switch name := string(s.Name); name {
+		case "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected":
+			p := r.peer(label("peer"))
+			switch name {
+			case "grid_collection_up":
+				p.up = &v
+			case "grid_peer_last_success_timestamp_seconds":
+				p.lastSuccess = &v
+			default:
+				p.agesRj = &v
+			}
+		case "grid_provider_readiness":
+			r.provider(label(signals.LabelSite), label(signals.LabelProvider)).reason = label("reason")
+		default:
+			pr := r.provider(label(signals.LabelSite), label(signals.LabelProvider))
+			switch name {
+			case signals.Ready:
+				pr.ready = &v
+			case signals.ReadyEndpoints:
+				pr.endpoints = &v
+			case signals.InFlight:
+				pr.load = &v
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Report) provider(site, name string) *providerRow {
+	k := [2]string{site, name}
+	if p := r.providers[k]; p != nil {
+		return p
+	}
+	p := &providerRow{site: site, provider: name}
+	r.providers[k] = p
+	return p
+}
+
+func (r *Report) peer(name string) *peerRow {
+	if p := r.peers[name]; p != nil {
+		return p
+	}
+	p := &peerRow{peer: name}
+	r.peers[name] = p
+	return p
+}
+
+// Write prints the report as aligned tables that fit 80 columns.
+func (r *Report) Write(w io.Writer, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SITE\tPROVIDER\tREADY\tENDPOINTS\tIN-FLIGHT\tVERDICT")
+	rows := make([]*providerRow, 0, len(r.providers))
+	for _, p := range r.providers {
+		rows = append(rows, p)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].site != rows[j].site {
+			return rows[i].site < rows[j].site
+		}
+		return rows[i].provider < rows[j].provider
+	})
+	for _, p := range rows {
+		ready := "-"
+		if p.ready != nil {
+			ready = map[bool]string{true: "yes", false: "no"}[*p.ready == 1]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", dash(p.site), p.provider, ready, num(p.endpoints), num(p.load), dash(p.reason))
+	}
+	if len(r.peers) > 0 {
+		fmt.Fprintln(tw, "\nPEER\tPOLL\tLAST OK\tAGES")
+		names := make([]string, 0, len(r.peers))
+		for n := range r.peers {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			p := r.peers[n]
+			up := "-"
+			if p.up != nil {
+				up = map[bool]string{true: "up", false: "down"}[*p.up == 1]
+			}
+			last := "never"
+			if p.lastSuccess != nil {
+				last = now.Sub(time.UnixMilli(int64(*p.lastSuccess*1000))).Round(time.Second).String() + " ago"
+			}
+			ages := "accepted"
+			if p.agesRj != nil && *p.agesRj == 1 {
+				ages = "REJECTED (PeerAgesRejected: check its clock)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n, up, last, ages)
+		}
+	}
+	return tw.Flush()
+}
+
+func num(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return strings.TrimSuffix(fmt.Sprintf("%.1f", *v), ".0")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

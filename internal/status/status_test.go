@@ -1,0 +1,38 @@
+package status
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReport(t *testing.T) {
+	page := `# HELP grid_provider_ready x
+grid_provider_ready{grid_provider="east-pool",grid_site="east"} 1
+grid_provider_ready_endpoints{grid_provider="east-pool",grid_site="east"} 2
+grid_provider_in_flight_requests{grid_provider="east-pool",grid_site="east"} 7
+grid_provider_ready{grid_provider="west-pool",grid_site="west"} 0
+grid_provider_readiness{grid_provider="east-pool",grid_site="east",reason="Ready",status="True"} 1
+grid_collection_up{peer="west"} 1
+grid_peer_last_success_timestamp_seconds{peer="west"} 1000
+grid_peer_ages_rejected{peer="west"} 1
+`
+	r, err := Parse([]byte(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r.Write(&out, time.Unix(1003, 0))
+	s := out.String()
+	for _, want := range []string{"east  ", "east-pool", "yes", "Ready", "west-pool", "no", "3s ago", "REJECTED"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q:\n%s", want, s)
+		}
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if len(line) > 80 {
+			t.Errorf("line wider than 80 columns: %q", line)
+		}
+	}
+}
