@@ -235,7 +235,10 @@ func (o *Operator) conclusions(p *provider, v readiness.Verdict) []signals.Row {
 	if v.Excludes() {
 		ready = 0
 	}
-	rows := []signals.Row{{Name: signals.Ready, Value: ready}}
+	rows := []signals.Row{
+		{Name: signals.Info, Labels: []signals.Label{{Name: signals.LabelModel, Value: p.cfg.Model}}, Value: 1},
+		{Name: signals.Ready, Value: ready},
+	}
 	if c := p.probe.ReadyEndpoints(); c.Known {
 		rows = append(rows, signals.Row{Name: signals.ReadyEndpoints, Value: c.Value})
 	}

@@ -61,6 +61,11 @@ func Check(r *Row) string {
 	if (r.Name == Ready || r.Name == ErrorRatio) && r.Value > 1 {
 		return RefuseValue
 	}
+	if r.Name == Info {
+		if m, _ := r.Label(LabelModel); !validModel(m) {
+			return RefuseValue
+		}
+	}
 	return ""
 }
 
@@ -118,3 +123,17 @@ func (b Batch) Before(o Batch) bool {
 
 // Same reports whether b and o are the same publication.
 func (b Batch) Same(o Batch) bool { return b.Epoch == o.Epoch && b.Sequence == o.Sequence }
+
+// validModel accepts a model name: 1 to 256 bytes without control characters
+// ('/' is common in model names, as in Qwen/Qwen3-8B).
+func validModel(m string) bool {
+	if m == "" || len(m) > MaxLabelValueBytes {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if m[i] < 0x20 || m[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -26,6 +26,12 @@ const (
 	ErrorRatio     = "grid_provider_error_ratio"
 	// ConfigGeneration is the batch metadata line (§2.3).
 	ConfigGeneration = "grid_provider_config_generation"
+	// Info declares what a provider serves: label model, value 1. It is how
+	// a gateway learns which models a remote site's providers serve; it is
+	// keyed, like every row, on the verified identity of the site.
+	Info = "grid_provider_info"
+	// LabelModel carries the model name on Info rows.
+	LabelModel = "model"
 )
 
 // ProviderSeries are the seven per-provider conclusions, in export order.
@@ -49,14 +55,15 @@ const (
 
 // ContractNames are every series a site may publish to its peers and relay
 // to its gateway: the reference's PEER_SIGNAL_NAMES, the batch metadata line,
-// and the EPP's KV standard deviation, which the gateway reads as the
-// "spread" of the seed's KV-cache term (a decision recorded in docs/signals.md).
+// the EPP's KV standard deviation, which the gateway reads as the "spread" of
+// the seed's KV-cache term, and the provider info line that names the model
+// (decisions recorded in docs/signals.md).
 var ContractNames = []string{
 	Ready, ReadyEndpoints, InFlight, TTFTP50, TTFTP90, TPOT, ErrorRatio,
 	LegacyAverageQueue, EPPAverageQueue, LegacyAverageRunning, EPPAverageRunning,
 	LegacyAverageKV, EPPAverageKV, EPPReadyEndpoints, LegacyReadyPods,
 	EPPFlowControlQueue, LegacyPerPodQueue, EPPPerEndpointQueue,
-	EPPStdDevKV, ConfigGeneration,
+	EPPStdDevKV, ConfigGeneration, Info,
 }
 
 // IsContract reports whether name is a contract series.

@@ -1,0 +1,161 @@
+// Package route turns the load store into routing decisions: it reads each
+// candidate site's load through its window (reference §4.10), learns
+// capacity and saturation, orders candidates and latches shedding into an
+// immutable snapshot built off the request path (§4.11), and picks a site
+// for each request from that snapshot alone (§4.12).
+package route
+
+import (
+	"math"
+	"sort"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// Opt is an optional value.
+type Opt struct {
+	V  float64
+	OK bool
+}
+
+func some(v float64) Opt { return Opt{v, true} }
+
+// Metric name lists, current name first.
+var (
+	runningNames = []string{signals.EPPAverageRunning, signals.LegacyAverageRunning}
+	queueNames   = []string{signals.EPPAverageQueue, signals.LegacyAverageQueue}
+	readyNames   = []string{signals.EPPReadyEndpoints, signals.LegacyReadyPods}
+	unitNames    = []string{signals.LegacyPerPodQueue, signals.EPPPerEndpointQueue}
+	kvNames      = []string{signals.EPPAverageKV, signals.LegacyAverageKV}
+)
+
+// Reading is what a site's samples say within a window (reference §4.10).
+type Reading struct {
+	// SampledAt is the newest sample of any metric.
+	SampledAt Opt
+	// Unready: the latest ready count is 0 and nothing newer arrived, or
+	// the per-unit series stopped while the ready count kept stamping.
+	Unready bool
+	// InFlight is the window-worst of (running + queued) × ready + held,
+	// each instant read together.
+	InFlight Opt
+	// CongestedInFlight is the same, over instants with a backlog only.
+	CongestedInFlight Opt
+	Queued            Opt
+	Held              Opt
+	DeepestQueue      Opt
+	// KV is the window-worst KV-cache mean plus its spread, 0..1.
+	KV Opt
+}
+
+// plausible keeps a finite value up to 1e6, clamping negatives to 0.
+func plausible(x float64) Opt {
+	if math.IsNaN(x) || math.IsInf(x, 0) || x > 1e6 {
+		return Opt{}
+	}
+	return some(max(x, 0))
+}
+
+func latest(s []loadstore.Sample) (loadstore.Sample, bool) {
+	if len(s) == 0 {
+		return loadstore.Sample{}, false
+	}
+	return s[len(s)-1], true
+}
+
+// firstPresent returns the first name with any sample, else the first.
+func firstPresent(v *loadstore.View, names []string) string {
+	for _, n := range names {
+		if len(v.Series[n]) > 0 {
+			return n
+		}
+	}
+	return names[0]
+}
+
+func inWindow(s []loadstore.Sample, now, window int64) []loadstore.Sample {
+	lo := sort.Search(len(s), func(i int) bool { return s[i].At >= now-window })
+	hi := sort.Search(len(s), func(i int) bool { return s[i].At > now })
+	return s[lo:hi]
+}
+
+// windowWorst is the largest plausible value in the window.
+func windowWorst(s []loadstore.Sample, now, window int64) Opt {
+	var out Opt
+	for _, x := range inWindow(s, now, window) {
+		if p := plausible(x.Value); p.OK && (!out.OK || p.V > out.V) {
+			out = p
+		}
+	}
+	return out
+}
+
+func at(s []loadstore.Sample, t int64) Opt {
+	i := sort.Search(len(s), func(i int) bool { return s[i].At >= t })
+	if i < len(s) && s[i].At == t {
+		return some(s[i].Value)
+	}
+	return Opt{}
+}
+
+// Read reads a site's view at now over window (ms).
+func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
+	var r Reading
+	for _, s := range v.Series {
+		if l, ok := latest(s); ok && (!r.SampledAt.OK || float64(l.At) > r.SampledAt.V) {
+			r.SampledAt = some(float64(l.At))
+		}
+	}
+	readyName := firstPresent(v, readyNames)
+	ready, haveReady := latest(v.Series[readyName])
+	unitName := firstPresent(v, unitNames)
+	if units, ok := latest(v.Series[unitName]); ok && haveReady && ready.At-units.At > window {
+		return Reading{Unready: true, SampledAt: r.SampledAt}
+	}
+	running := v.Series[firstPresent(v, runningNames)]
+	queue := v.Series[firstPresent(v, queueNames)]
+	readyS := v.Series[readyName]
+	flow := v.Series[signals.EPPFlowControlQueue]
+	for _, lead := range inWindow(running, now, window) {
+		rn, rd := plausible(lead.Value), plausible(at(readyS, lead.At).V)
+		if !rn.OK || !at(readyS, lead.At).OK || !rd.OK {
+			continue
+		}
+		q := plausible(at(queue, lead.At).V)
+		h := plausible(at(flow, lead.At).V)
+		x := plausible((rn.V+q.V)*rd.V + h.V)
+		if !x.OK {
+			continue
+		}
+		if !r.InFlight.OK || x.V > r.InFlight.V {
+			r.InFlight = x
+		}
+		if q.V >= queueFull || h.V >= 1 {
+			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
+				r.CongestedInFlight = x
+			}
+		}
+	}
+	for _, n := range queueNames {
+		if w := windowWorst(v.Series[n], now, window); w.OK {
+			r.Queued = w
+			break
+		}
+	}
+	r.Held = windowWorst(flow, now, window)
+	for _, n := range unitNames {
+		if w := windowWorst(v.Series[n], now, window); w.OK {
+			r.DeepestQueue = w
+			break
+		}
+	}
+	if kv := windowWorst(v.Series[firstPresent(v, kvNames)], now, window); kv.OK {
+		spread := windowWorst(v.Series[signals.EPPStdDevKV], now, window)
+		r.KV = some(min(1, kv.V+spread.V))
+	}
+	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {
+		r.Unready = true
+	}
+	return r
+}

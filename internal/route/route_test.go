@@ -1,0 +1,471 @@
+package route
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+)
+
+// world is a load store, a builder and candidate sites, driven in timeline
+// milliseconds.
+type world struct {
+	t     *testing.T
+	store *loadstore.Store
+	b     *Builder
+	set   Settings
+	cands []Candidate
+	seq   int64
+}
+
+func newWorld(t *testing.T, sites ...string) *world {
+	w := &world{t: t, store: loadstore.New(time.Hour), b: NewBuilder(), set: DefaultSettings}
+	w.set.WindowMs = 500
+	for _, s := range sites {
+		w.cands = append(w.cands, Candidate{Model: "m", Site: s, Provider: "p", Upstream: &url.URL{Scheme: "http", Host: s}})
+	}
+	return w
+}
+
+// obs is what a site publishes at one instant.
+type obs struct {
+	running float64
+	ready   float64 // 0 means 1 unless zeroReady
+	zero    bool    // publish ready = 0
+	queue   *float64
+	held    []float64
+	perPod  *float64
+	kv      *float64
+}
+
+func f(v float64) *float64 { return &v }
+
+// publish ingests one batch of site at t: running, ready, and the rest,
+// with a complete batch metadata line so the site is learnable.
+func (w *world) publish(site string, t int64, o obs) {
+	w.t.Helper()
+	ready := 1.0
+	if o.ready > 0 {
+		ready = o.ready
+	}
+	if o.zero {
+		ready = 0
+	}
+	lbl := fmt.Sprintf(`grid_provider="p",grid_site=%q`, site)
+	lines := []string{
+		fmt.Sprintf(`llm_d_epp_average_running_requests{%s,name="p"} %g %d`, lbl, o.running, t),
+		fmt.Sprintf(`llm_d_epp_ready_endpoints{%s,name="p"} %g %d`, lbl, ready, t),
+	}
+	if o.queue != nil {
+		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_queue_size{%s,name="p"} %g %d`, lbl, *o.queue, t))
+	}
+	for i, h := range o.held {
+		lines = append(lines, fmt.Sprintf(`llm_d_epp_flow_control_queue_size{%s,priority="%d"} %g %d`, lbl, i, h, t))
+	}
+	if o.perPod != nil {
+		lines = append(lines, fmt.Sprintf(`inference_pool_per_pod_queue_size{%s,model_server_pod="a",name="p"} %g %d`, lbl, *o.perPod, t))
+	}
+	if o.kv != nil {
+		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name="p"} %g %d`, lbl, *o.kv, t))
+	}
+	w.seq++
+	lines = append(lines, fmt.Sprintf(`grid_provider_config_generation{batch_samples="%d",batch_sequence="%d",%s,provider_uid="u",publisher_epoch="1"} 1 %d`, len(lines), w.seq, lbl, t))
+	res := w.store.Ingest([]byte(strings.Join(lines, "\n")+"\n"), t, t, t, "hub", true)
+	if len(res.Dropped) != 0 {
+		w.t.Fatalf("ingest dropped %v", res.Dropped)
+	}
+}
+
+func (w *world) build(now int64) *Snapshot {
+	return w.b.Build(w.store, w.cands, now, nil, w.set)
+}
+
+func find(s *Snapshot, site string) *Candidate {
+	for i := range s.Candidates {
+		if s.Candidates[i].Site == site {
+			return &s.Candidates[i]
+		}
+	}
+	return nil
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
+
+// about is the examples' "≈": within a tenth.
+func about(a, b float64) bool { return math.Abs(a-b) < 0.1 }
+
+// The worked examples of reference §4.11.1.
+func TestWorkedExamples(t *testing.T) {
+	t.Run("1 first sample, decay, no new sample", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 40, queue: f(0)})
+		a := find(w.build(1000), "a")
+		if a.Ceiling != 40 || a.Rho != 1 {
+			t.Fatalf("first: ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+		w.publish("a", 2000, obs{running: 10, queue: f(0)})
+		a = find(w.build(2000), "a")
+		if !near(a.Ceiling, 39.954) || !near(a.Rho, 0.7751) {
+			t.Fatalf("second: ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+		rho := a.Rho
+		if a = find(w.build(2500), "a"); a.Rho != rho {
+			t.Errorf("no new sample changed rho: %v -> %v", rho, a.Rho)
+		}
+	})
+	t.Run("2 quiet site floored", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 1, queue: f(0)})
+		if a := find(w.build(1000), "a"); a.Ceiling != 8 || a.Rho != 1.0/8 {
+			t.Fatalf("ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+	})
+	t.Run("3 half-life", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 80, queue: f(0)})
+		w.build(1000)
+		w.publish("a", 601_000, obs{running: 10, queue: f(0)})
+		if a := find(w.build(601_000), "a"); !near(a.Ceiling, 40) {
+			t.Fatalf("ceiling %v", a.Ceiling)
+		}
+	})
+	t.Run("4 explore floor", func(t *testing.T) {
+		w := newWorld(t, "a", "b")
+		w.publish("a", 1000, obs{running: 120, queue: f(0)})
+		w.publish("b", 1000, obs{running: 2, queue: f(0)})
+		s := w.build(1000)
+		if a, b := find(s, "a"), find(s, "b"); a.Capacity != 120 || b.Capacity != 30 {
+			t.Fatalf("capacities %v %v", a.Capacity, b.Capacity)
+		}
+	})
+	t.Run("5 queued sample teaches nothing", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 40, queue: f(0)})
+		w.build(1000)
+		w.publish("a", 2000, obs{running: 400, queue: f(5)})
+		if a := find(w.build(2000), "a"); !about(a.Ceiling, 40) || a.Rho != 1 {
+			t.Fatalf("ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+	})
+	t.Run("6 one busy pod", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.set.Shedding, w.set.FullAfterMs = true, 0
+		w.publish("a", 1000, obs{running: 40, queue: f(0)})
+		w.build(1000)
+		w.publish("a", 2000, obs{running: 100, queue: f(0.25), perPod: f(1)})
+		s := w.build(2000)
+		if a := find(s, "a"); !about(a.Ceiling, 40) || a.Full != No || s.Shedding["m"] {
+			t.Fatalf("ceiling %v full %v shed %v", a.Ceiling, a.Full, s.Shedding)
+		}
+	})
+	t.Run("7 held work", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.set.Shedding, w.set.FullAfterMs = true, 0
+		w.publish("a", 1000, obs{running: 40, queue: f(0)})
+		w.build(1000)
+		w.publish("a", 2000, obs{running: 100, queue: f(0), held: []float64{60}})
+		s := w.build(2000)
+		if a := find(s, "a"); !about(a.Ceiling, 40) || a.Rho != 1 || !s.Shedding["m"] {
+			t.Fatalf("ceiling %v rho %v shed %v", a.Ceiling, a.Rho, s.Shedding)
+		}
+	})
+	t.Run("8 transient zero", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.set.WindowMs = 30_000
+		for i, v := range []float64{120, 0, 108} {
+			w.publish("a", int64(i+1)*1000, obs{running: v, queue: f(0)})
+		}
+		if a := find(w.build(3000), "a"); a.Ceiling != 120 || a.Rho != 1 {
+			t.Fatalf("ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+	})
+	t.Run("9 genuine drain", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.set.WindowMs = 30_000
+		for i, v := range []float64{120, 108, 0} {
+			w.publish("a", int64(i+1)*1000, obs{running: v, queue: f(0)})
+		}
+		// Only the last sample is inside the window at 32.5s.
+		if a := find(w.build(32_500), "a"); a.Ceiling != 8 || a.Rho != 0 {
+			t.Fatalf("ceiling %v rho %v", a.Ceiling, a.Rho)
+		}
+	})
+	t.Run("10 in-flight join", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.set.WindowMs = 30_000
+		w.publish("a", 1000, obs{running: 10, ready: 2, queue: f(0)})
+		w.publish("a", 2000, obs{running: 20, ready: 1, queue: f(0)})
+		w.publish("a", 3000, obs{running: 4, zero: true, queue: f(0)})
+		v, _ := w.store.View(loadstore.Key{Site: "a", Provider: "p"})
+		r := Read(&v, 3000, 30_000, 1)
+		if r.InFlight != some(20) || !r.Unready {
+			t.Fatalf("reading %+v", r)
+		}
+		if a := find(w.build(3000), "a"); a.Admission != Excluded || !math.IsNaN(a.Score) {
+			t.Errorf("unready site admitted: %+v", a)
+		}
+	})
+	t.Run("11 held summed across partitions", func(t *testing.T) {
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 10, queue: f(0), held: []float64{0, 4, 3}})
+		v, _ := w.store.View(loadstore.Key{Site: "a", Provider: "p"})
+		if r := Read(&v, 1000, 500, 1); r.Held != some(7) || r.InFlight != some(17) {
+			t.Fatalf("reading %+v", r)
+		}
+	})
+}
+
+// TestShedLatch is worked example 12, under the reference code's single
+// ceiling. TestShedLatchBounds shows where the soft/hard bounds differ.
+func TestShedLatch(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.SingleCeiling = true
+	w.set.Smoothing, w.set.Shedding, w.set.FullAfterMs, w.set.RoomAfterMs = 1, true, 0, 0
+	now := int64(1000)
+	step := func(a, aq, b, bq float64) bool {
+		now += 1000
+		w.publish("a", now, obs{running: a, queue: f(aq)})
+		w.publish("b", now, obs{running: b, queue: f(bq)})
+		return w.build(now).Shedding["m"]
+	}
+	// Learn ceilings of 100 on both.
+	step(100, 0, 100, 0)
+	for _, tc := range []struct {
+		name         string
+		a, aq, b, bq float64
+		shed         bool
+	}{
+		{"both at capacity with a queue", 95, 5, 97, 3, true},
+		{"b flat out but not queued", 95, 5, 100, 0, false},
+		{"shed again", 95, 5, 97, 3, true},
+		{"b at 97+3 stays shed", 95, 5, 97, 3, true},
+		{"b at 90+3 releases", 95, 5, 87, 3, false},
+	} {
+		if got := step(tc.a, tc.aq, tc.b, tc.bq); got != tc.shed {
+			t.Errorf("%s: shed %v", tc.name, got)
+		}
+	}
+}
+
+// TestShedLatchBounds: with the hard bound, a queue that forms at a lower
+// in-flight count is a newly demonstrated limit: the site is full there.
+func TestShedLatchBounds(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.Smoothing, w.set.Shedding, w.set.FullAfterMs, w.set.RoomAfterMs = 1, true, 0, 0
+	now := int64(1000)
+	step := func(a, aq, b, bq float64) *Snapshot {
+		now += 1000
+		w.publish("a", now, obs{running: a, queue: f(aq)})
+		w.publish("b", now, obs{running: b, queue: f(bq)})
+		return w.build(now)
+	}
+	step(100, 0, 100, 0)
+	if !step(95, 5, 97, 3).Shedding["m"] {
+		t.Fatal("not shed at capacity")
+	}
+	s := step(95, 5, 87, 3)
+	if !s.Shedding["m"] || find(s, "b").Ceiling != 90 {
+		t.Errorf("b queued at 90: shed %v, ceiling %v; want shed at a hard bound of 90", s.Shedding["m"], find(s, "b").Ceiling)
+	}
+	// The queue empties: relieved, released; held 95 with nothing queued
+	// exceeds the hard bound, which is forgotten.
+	s = step(95, 5, 95, 0)
+	if s.Shedding["m"] || find(s, "b").Ceiling < 99 {
+		t.Errorf("b relieved: shed %v, ceiling %v", s.Shedding["m"], find(s, "b").Ceiling)
+	}
+}
+
+func TestKVTermRaisesRho(t *testing.T) {
+	w := newWorld(t, "a")
+	w.publish("a", 1000, obs{running: 4, queue: f(0), kv: f(0.9)})
+	if a := find(w.build(1000), "a"); a.Rho != 0.9 {
+		t.Errorf("rho %v, want the KV term 0.9 over the count's 0.5", a.Rho)
+	}
+	w.set.SingleCeiling = true
+	w2 := newWorld(t, "a")
+	w2.set.SingleCeiling = true
+	w2.publish("a", 1000, obs{running: 4, queue: f(0), kv: f(0.9)})
+	if a := find(w2.build(1000), "a"); a.Rho != 0.5 {
+		t.Errorf("single ceiling rho %v, want 0.5", a.Rho)
+	}
+}
+
+func TestShedDebounce(t *testing.T) {
+	w := newWorld(t, "a")
+	w.set.Shedding, w.set.Smoothing = true, 1
+	w.set.WindowMs = 30_000
+	w.publish("a", 500, obs{running: 100, queue: f(0)})
+	w.build(500) // learn 100
+	shedAt := func(ms int64, running, queue float64) bool {
+		w.publish("a", ms, obs{running: running, queue: f(queue)})
+		return w.build(ms).Shedding["m"]
+	}
+	for _, tc := range []struct {
+		at             int64
+		running, queue float64
+		shed           bool
+	}{
+		{2000, 100, 5, false},
+		{6000, 100, 5, false},
+		{7500, 100, 5, true},
+		{8100, 45, 5, true}, // a dip is not room
+		{10500, 45, 0, false},
+	} {
+		if got := shedAt(tc.at, tc.running, tc.queue); got != tc.shed {
+			t.Errorf("at %dms: shed %v, want %v", tc.at, got, tc.shed)
+		}
+	}
+}
+
+// TestSelectionProperties are the §4.12 properties and example 14.
+func TestSelectionProperties(t *testing.T) {
+	t.Run("rho-1 site never picked; heaviest of three never by two choices", func(t *testing.T) {
+		w := newWorld(t, "a", "b", "c", "d")
+		w.set.Smoothing, w.set.CeilingFloor = 1, 1
+		for _, s := range []string{"a", "b", "c", "d"} {
+			w.publish(s, 1000, obs{running: 10, queue: f(0)})
+		}
+		w.build(1000)
+		for s, v := range map[string]float64{"a": 2, "b": 8, "c": 5, "d": 10} {
+			w.publish(s, 2000, obs{running: v, queue: f(0)})
+		}
+		snap := w.build(2000)
+		counts := map[string]int{}
+		for turn := range uint64(4000) {
+			p := snap.Pick("m", turn)
+			if p.Path != PathTwoChoices {
+				t.Fatalf("path %v", p.Path)
+			}
+			counts[p.Candidate.Site]++
+		}
+		if counts["d"] != 0 || counts["b"] != 0 || counts["a"] <= counts["c"] {
+			t.Errorf("picks %v", counts)
+		}
+	})
+	t.Run("two sites keep at least 10% for the slower", func(t *testing.T) {
+		w := newWorld(t, "a", "b")
+		w.set.Smoothing, w.set.CeilingFloor = 1, 1
+		w.publish("a", 1000, obs{running: 100, queue: f(0)})
+		w.publish("b", 1000, obs{running: 10, queue: f(0)})
+		w.build(1000)
+		w.publish("a", 2000, obs{running: 0, queue: f(0)})
+		w.publish("b", 2000, obs{running: 9, queue: f(0)})
+		snap := w.build(2000)
+		b := 0
+		for turn := range uint64(4000) {
+			if snap.Pick("m", turn).Candidate.Site == "b" {
+				b++
+			}
+		}
+		// rate(a) = 100, rate(b) = 25/1.9: b gets about 11.6%.
+		if b < 280 || b > 520 {
+			t.Errorf("b got %d of 4000", b)
+		}
+	})
+	t.Run("no room: by capacity", func(t *testing.T) {
+		w := newWorld(t, "a", "b")
+		w.set.Smoothing, w.set.CeilingFloor = 1, 1
+		w.publish("a", 1000, obs{running: 30})
+		w.publish("b", 1000, obs{running: 10})
+		snap := w.build(1000)
+		a := 0
+		for turn := range uint64(4000) {
+			p := snap.Pick("m", turn)
+			if p.Path != PathByCapacity {
+				t.Fatalf("path %v", p.Path)
+			}
+			if p.Candidate.Site == "a" {
+				a++
+			}
+		}
+		if a < 2700 || a > 3300 {
+			t.Errorf("a got %d of 4000, want about 75%%", a)
+		}
+	})
+	t.Run("tied candidates split evenly", func(t *testing.T) {
+		w := newWorld(t, "a", "b", "c")
+		for _, s := range []string{"a", "b", "c"} {
+			w.publish(s, 1000, obs{running: 4, queue: f(0)})
+		}
+		snap := w.build(1000)
+		counts := map[string]int{}
+		for turn := range uint64(3000) {
+			counts[snap.Pick("m", turn).Candidate.Site]++
+		}
+		for s, n := range counts {
+			if n < 850 || n > 1150 {
+				t.Errorf("%s got %d of 3000", s, n)
+			}
+		}
+	})
+	t.Run("demoted and excluded sites never drawn", func(t *testing.T) {
+		w := newWorld(t, "a", "b", "c")
+		w.publish("a", 1000, obs{running: 1, queue: f(0)})
+		w.publish("b", 1000, obs{running: 1, zero: true, queue: f(0)})
+		w.publish("c", 1000, obs{running: 1, queue: f(0)})
+		snap := w.b.Build(w.store, w.cands, 1000, func(c *Candidate) bool { return c.Site == "c" }, w.set)
+		for turn := range uint64(1000) {
+			if s := snap.Pick("m", turn).Candidate.Site; s != "a" {
+				t.Fatalf("picked %s", s)
+			}
+		}
+	})
+}
+
+func TestRefusals(t *testing.T) {
+	w := newWorld(t, "a")
+	if p := w.build(0).Pick("m", 0); p.Outcome != Routed {
+		t.Errorf("cold start with no signals: %+v", p) // unmeasured, by capacity
+	}
+	if p := (&Snapshot{}).Pick("m", 0); p.Outcome != NoRoute {
+		t.Errorf("empty snapshot: %v", p.Outcome)
+	}
+	if p := w.build(0).Pick("other", 0); p.Outcome != UnknownModel {
+		t.Errorf("unknown model: %v", p.Outcome)
+	}
+	w.publish("a", 1000, obs{running: 1, zero: true})
+	if p := w.build(1000).Pick("m", 0); p.Outcome != NotReady {
+		t.Errorf("every candidate excluded: %v", p.Outcome)
+	}
+	w.cands[0].Upstream = nil
+	w.publish("a", 2000, obs{running: 1})
+	if p := w.build(2000).Pick("m", 0); p.Outcome != NoRoute {
+		t.Errorf("admitted but unroutable: %v", p.Outcome)
+	}
+}
+
+func TestPickAllocatesNothing(t *testing.T) {
+	w := newWorld(t, "a", "b", "c", "d")
+	for i, s := range []string{"a", "b", "c", "d"} {
+		w.publish(s, 1000, obs{running: float64(i), queue: f(0)})
+	}
+	snap := w.build(1000)
+	turn := uint64(0)
+	if n := testing.AllocsPerRun(1000, func() { turn++; snap.Pick("m", turn) }); n != 0 {
+		t.Errorf("Pick allocates %v times", n)
+	}
+}
+
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("sites=%d", n), func(b *testing.B) {
+			w := newWorld(&testing.T{})
+			for i := range n {
+				site := fmt.Sprintf("s%02d", i)
+				w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
+				w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
+			}
+			snap := w.build(1000)
+			b.ReportAllocs()
+			turn := uint64(0)
+			for b.Loop() {
+				turn++
+				snap.Pick("m", turn)
+			}
+		})
+	}
+}

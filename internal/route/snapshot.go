@@ -1,0 +1,344 @@
+package route
+
+import (
+	"math"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+)
+
+// Admission says whether a candidate takes new requests.
+type Admission uint8
+
+// Admissions.
+const (
+	NewAndExisting Admission = iota
+	// Excluded: its latest ready count is zero (or its pool drained) and
+	// no later reading said otherwise.
+	Excluded
+)
+
+// Tri is a three-valued flag.
+type Tri int8
+
+// Tri values.
+const (
+	Unknown Tri = iota
+	No
+	Yes
+)
+
+func tri(b bool) Tri {
+	if b {
+		return Yes
+	}
+	return No
+}
+
+// Candidate is one provider of one site that serves a model.
+type Candidate struct {
+	Model    string
+	Site     string
+	Provider string
+	// Local marks this site's own provider; a remote one is reached
+	// through its site's gateway.
+	Local bool
+	// Upstream is where requests go; nil means no route.
+	Upstream *url.URL
+
+	Admission Admission
+	// Score orders candidates: the queue depth, +Inf without a queue
+	// reading, NaN when excluded or demoted.
+	Score    float64
+	Measured bool
+	// Capacity is the weight of draws (after the explore floor); Ceiling
+	// the effective learned bound the count is read against.
+	Capacity float64
+	Ceiling  float64
+	Rho      float64
+	Full     Tri
+	Relieved Tri
+	// Learnable is false while the site's batch metadata is missing or
+	// incomplete.
+	Learnable bool
+}
+
+// Key returns the candidate's store key.
+func (c *Candidate) Key() loadstore.Key { return loadstore.Key{Site: c.Site, Provider: c.Provider} }
+
+// Settings are the availability knobs (reference §3.4).
+type Settings struct {
+	Shedding          bool
+	Smoothing         float64
+	CeilingHalfLifeMs float64
+	CeilingFloor      float64
+	ExploreFloor      float64
+	FullAfterMs       int64
+	RoomAfterMs       int64
+	QueueFull         float64
+	// WindowMs is the load window readings look through.
+	WindowMs int64
+	// SingleCeiling selects the reference code's one decayed ceiling
+	// instead of the soft and hard bounds with the KV term.
+	SingleCeiling bool
+}
+
+// DefaultSettings are the reference defaults with a 5s load window.
+var DefaultSettings = Settings{
+	Smoothing: 0.3, CeilingHalfLifeMs: 600_000, CeilingFloor: 8, ExploreFloor: 0.25,
+	FullAfterMs: 5000, RoomAfterMs: 2000, QueueFull: 1, WindowMs: 5000,
+}
+
+// Snapshot is an immutable routing view. The request path reads nothing
+// else.
+type Snapshot struct {
+	Candidates []Candidate
+	// byModel lists, per model, candidate indexes in snapshot order.
+	byModel  map[string][]int32
+	Shedding map[string]bool
+	BuiltAt  int64
+}
+
+// Models lists the models some candidate serves, sorted.
+func (s *Snapshot) Models() []string {
+	out := make([]string, 0, len(s.byModel))
+	for m := range s.byModel {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// learned is what the builder carries across refreshes for one candidate.
+type learned struct {
+	soft       float64
+	hard       Opt
+	rho        float64
+	atMs       int64
+	sampleAt   int64
+	fullSince  Opt
+	generation int
+}
+
+// Builder rebuilds snapshots from the store; rebuilds are serialised and
+// each result is swapped in atomically.
+type Builder struct {
+	mu       sync.Mutex
+	learned  map[loadstore.Key]*learned
+	prevShed map[string]bool
+	current  atomic.Pointer[Snapshot]
+}
+
+// NewBuilder returns a builder whose current snapshot is empty.
+func NewBuilder() *Builder {
+	b := &Builder{learned: map[loadstore.Key]*learned{}, prevShed: map[string]bool{}}
+	b.current.Store(&Snapshot{byModel: map[string][]int32{}, Shedding: map[string]bool{}})
+	return b
+}
+
+// Current is the latest snapshot: one atomic load.
+func (b *Builder) Current() *Snapshot { return b.current.Load() }
+
+// Build computes a snapshot from the store for the base candidates (in
+// configuration order), at timeline instant now. down reports candidates
+// whose upstream is failing; they are demoted.
+func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, down func(*Candidate) bool, set Settings) *Snapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cands := append([]Candidate(nil), base...)
+	for i := range cands {
+		b.measure(store, &cands[i], now, set)
+	}
+	// Explore floor: no measured site weighs less than a share of the
+	// largest, so a site that idles keeps getting enough work to be seen.
+	largest := 0.0
+	for i := range cands {
+		if cands[i].Measured {
+			largest = max(largest, cands[i].Capacity)
+		}
+	}
+	for i := range cands {
+		if cands[i].Measured {
+			cands[i].Capacity = max(cands[i].Capacity, largest*set.ExploreFloor)
+		}
+	}
+	sortByScore(cands)
+	if down != nil {
+		demoted := false
+		for i := range cands {
+			if down(&cands[i]) {
+				cands[i].Score = math.NaN()
+				demoted = true
+			}
+		}
+		if demoted {
+			sortByScore(cands)
+		}
+	}
+	snap := &Snapshot{Candidates: cands, byModel: map[string][]int32{}, Shedding: map[string]bool{}, BuiltAt: now}
+	for i := range cands {
+		snap.byModel[cands[i].Model] = append(snap.byModel[cands[i].Model], int32(i))
+	}
+	b.shed(snap, set)
+	b.current.Store(snap)
+	return snap
+}
+
+// measure reads one candidate and applies what the builder learned of it.
+func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set Settings) {
+	c.Score = math.Inf(1)
+	view, ok := store.View(c.Key())
+	if !ok {
+		return
+	}
+	c.Learnable = view.Learnable
+	r := Read(&view, now, set.WindowMs, set.QueueFull)
+	settle := set.RoomAfterMs
+	if r.SampledAt.OK {
+		settle = max(settle, now-int64(r.SampledAt.V)+1)
+	}
+	recent := Read(&view, now, settle, set.QueueFull)
+	if r.Unready {
+		c.Admission = Excluded
+	}
+	if r.InFlight.OK {
+		b.learn(c, &view, r, recent, now, set)
+	}
+	switch {
+	case c.Admission != NewAndExisting:
+		c.Score = math.NaN()
+	case r.Queued.OK:
+		c.Score = r.Queued.V
+	}
+}
+
+// learn updates the candidate's capacity bounds and smoothed rho from a
+// reading with an in-flight count (reference §4.11 and the seed's bounds).
+func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now int64, set Settings) {
+	key := c.Key()
+	prev := b.learned[key]
+	if prev != nil && prev.generation != v.Generation {
+		prev = nil // a new provider identity: learning starts over
+	}
+	sampleAt := min(int64(r.SampledAt.V), now)
+	elapsed := 0.0
+	if prev != nil {
+		elapsed = float64(max(now-prev.atMs, 0))
+	}
+	decay := math.Pow(0.5, elapsed/set.CeilingHalfLifeMs)
+	decayed := 0.0
+	if prev != nil {
+		decayed = prev.soft * decay
+	}
+	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
+	taught := r.InFlight.V
+	if waiting || !v.Learnable {
+		taught = 0 // a queued sample, or one without a valid batch, teaches nothing
+	}
+	soft := max(decayed, taught, set.CeilingFloor)
+
+	var hard Opt
+	effective := soft
+	if !set.SingleCeiling {
+		if prev != nil && prev.hard.OK {
+			// The demonstrated limit is forgotten at the same pace the soft
+			// bound is: it grows back out by the half-life.
+			hard = some(prev.hard.V / decay)
+		}
+		if v.Learnable && recent.CongestedInFlight.OK && (!hard.OK || recent.CongestedInFlight.V < hard.V) {
+			hard = some(recent.CongestedInFlight.V)
+		}
+		if hard.OK && taught > hard.V {
+			hard = Opt{} // held more than the "limit" with nothing queued: it moved
+		}
+		if hard.OK {
+			effective = max(min(soft, hard.V), set.CeilingFloor)
+		}
+	}
+	raw := clamp01(r.InFlight.V / effective)
+	if !set.SingleCeiling && r.KV.OK {
+		// The nearer of the two to saturation.
+		raw = max(raw, clamp01(r.KV.V))
+	}
+	rho := raw
+	if prev != nil {
+		if prev.sampleAt == sampleAt {
+			rho = prev.rho
+		} else {
+			rho = prev.rho*(1-set.Smoothing) + raw*set.Smoothing
+		}
+	}
+	congested := recent.CongestedInFlight.OK && recent.CongestedInFlight.V >= effective
+	var fullSince Opt
+	if congested {
+		if prev != nil && now-prev.atMs <= set.WindowMs && prev.fullSince.OK {
+			fullSince = prev.fullSince
+		} else {
+			fullSince = some(float64(now))
+		}
+	}
+	if recent.Queued.OK {
+		c.Full = tri(fullSince.OK && now-int64(fullSince.V) >= set.FullAfterMs)
+		c.Relieved = tri(!congested)
+	}
+	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
+	c.Measured = true
+	c.Capacity, c.Ceiling, c.Rho = effective, effective, rho
+}
+
+func clamp01(x float64) float64 { return max(0, min(1, x)) }
+
+// sortByScore orders ascending under a total order in which NaN is greater
+// than everything; ties keep their order.
+func sortByScore(c []Candidate) {
+	sort.SliceStable(c, func(i, j int) bool { return less(c[i].Score, c[j].Score) })
+}
+
+func less(a, b float64) bool {
+	switch {
+	case math.IsNaN(a):
+		return false
+	case math.IsNaN(b):
+		return true
+	}
+	return a < b
+}
+
+// shed latches shedding per model (reference §4.11 step 10).
+func (b *Builder) shed(snap *Snapshot, set Settings) {
+	type group struct{ n, full, measured, relieved int }
+	groups := map[string]*group{}
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		if c.Admission != NewAndExisting || math.IsNaN(c.Score) {
+			continue
+		}
+		g := groups[c.Model]
+		if g == nil {
+			g = &group{}
+			groups[c.Model] = g
+		}
+		g.n++
+		if c.Full != Unknown && c.Relieved != Unknown {
+			g.measured++
+		}
+		if c.Full == Yes {
+			g.full++
+		}
+		if c.Relieved == Yes {
+			g.relieved++
+		}
+	}
+	next := map[string]bool{}
+	for model, g := range groups {
+		fully := g.measured == g.n
+		if set.Shedding && fully && g.n > 0 && (g.full == g.n || (b.prevShed[model] && g.relieved == 0)) {
+			next[model] = true
+		}
+	}
+	snap.Shedding = next
+	b.prevShed = next
+}
