@@ -1,0 +1,162 @@
+package loadstore
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+func line(name, site, prov string, v float64, stamp int64, extra ...string) string {
+	ls := append([]string{fmt.Sprintf(`grid_provider=%q`, prov), fmt.Sprintf(`grid_site=%q`, site)}, extra...)
+	return fmt.Sprintf("%s{%s} %g %d\n", name, strings.Join(ls, ","), v, stamp)
+}
+
+func meta(site, prov string, epoch, seq, samples, stamp int64) string {
+	return line(signals.ConfigGeneration, site, prov, 1, stamp,
+		fmt.Sprintf(`batch_samples="%d"`, samples), fmt.Sprintf(`batch_sequence="%d"`, seq),
+		`provider_uid="u"`, fmt.Sprintf(`publisher_epoch="%d"`, epoch))
+}
+
+func TestIngestRules(t *testing.T) {
+	s := New(time.Minute)
+	const now = 1_000_000
+	body := line(signals.Ready, "east", "a", 1, now-500) +
+		line(signals.Ready, "east", "future", 1, now+2000) + // skew
+		line(signals.Ready, "east", "old", 1, now-2*86_400_000) + // skew
+		line("go_goroutines", "east", "a", 1, now) + // name
+		line(signals.Ready, "east", "Bad_P", 1, now) + // provider
+		line(signals.Ready, "east", "a", 2, now) + // value
+		"not a line\n" // parse
+	res := s.Ingest([]byte(body), now, now, now, "east", true)
+	want := map[string]int{DropSkew: 2, DropName: 1, DropProvider: 1, DropValue: 1, DropParse: 1}
+	for k, v := range want {
+		if res.Dropped[k] != v {
+			t.Errorf("%s drops %d, want %d (all: %v)", k, res.Dropped[k], v, res.Dropped)
+		}
+	}
+	v, ok := s.View(Key{"east", "a"})
+	if !ok || len(v.Series[signals.Ready]) != 1 || v.Series[signals.Ready][0].At != now-500 {
+		t.Fatalf("view %+v", v)
+	}
+	// A remote owner may not speak for another site.
+	res = s.Ingest([]byte(line(signals.Ready, "north", "x", 1, now)), now, now, now, "west", false)
+	if res.Dropped[DropSiteMismatch] != 1 {
+		t.Errorf("site mismatch not dropped: %v", res.Dropped)
+	}
+}
+
+func TestFoldSumAndMax(t *testing.T) {
+	s := New(time.Minute)
+	body := line(signals.EPPFlowControlQueue, "e", "a", 3, 1000, `priority="0"`) +
+		line(signals.EPPFlowControlQueue, "e", "a", 4, 1000, `priority="1"`) +
+		line(signals.EPPPerEndpointQueue, "e", "a", 2, 1000, `model_server_endpoint="x"`) +
+		line(signals.EPPPerEndpointQueue, "e", "a", 5, 1000, `model_server_endpoint="y"`)
+	s.Ingest([]byte(body), 1000, 1000, 1000, "e", true)
+	// The same rows again (a republish of the same instant) change nothing.
+	s.Ingest([]byte(body), 1000, 1000, 1000, "e", true)
+	v, _ := s.View(Key{"e", "a"})
+	if got := v.Series[signals.EPPFlowControlQueue]; len(got) != 1 || got[0].Value != 7 {
+		t.Errorf("flow control %+v, want one sample summing to 7", got)
+	}
+	if got := v.Series[signals.EPPPerEndpointQueue]; len(got) != 1 || got[0].Value != 5 {
+		t.Errorf("per-endpoint %+v, want the max 5", got)
+	}
+}
+
+func TestBatchFenceAndLearning(t *testing.T) {
+	s := New(time.Minute)
+	k := Key{"e", "a"}
+	ingest := func(epoch, seq, samples, stamp int64, rows int) Result {
+		var b strings.Builder
+		for i := range rows {
+			b.WriteString(line(signals.InFlight, "e", "a", float64(i), stamp, fmt.Sprintf(`i="%d"`, i)))
+		}
+		b.WriteString(meta("e", "a", epoch, seq, samples, stamp))
+		return s.Ingest([]byte(b.String()), stamp, stamp, stamp, "e", true)
+	}
+	view := func() View { v, _ := s.View(k); return v }
+
+	ingest(1000, 5, 1, 1000, 1)
+	if v := view(); !v.Learnable || v.Generation != 0 {
+		t.Fatalf("complete batch: %+v", v)
+	}
+	// An incomplete batch (claims 3 samples, carries 1) disables learning.
+	ingest(1000, 6, 3, 2000, 1)
+	if view().Learnable {
+		t.Error("incomplete batch is learnable")
+	}
+	// A zero-sample batch invalidates learning too.
+	ingest(1000, 7, 0, 3000, 0)
+	if view().Learnable {
+		t.Error("empty batch is learnable")
+	}
+	// A delayed (older) batch is dropped whole.
+	if res := ingest(1000, 4, 1, 4000, 1); res.Dropped[DropDelayed] != 2 {
+		t.Errorf("delayed batch: %v", res.Dropped)
+	}
+	// The same batch again is a republish: neither stored nor counted.
+	if res := ingest(1000, 7, 0, 3000, 0); len(res.Dropped) != 0 || res.Kept != 0 {
+		t.Errorf("republish: %+v", res)
+	}
+	// An epoch more than ten minutes ahead is refused and keeps no fence.
+	if res := ingest(5000+11*60_000, 1, 1, 5000, 1); res.Dropped[DropSkew] != 2 {
+		t.Errorf("future epoch: %v", res.Dropped)
+	}
+	// A new epoch (a publisher restart) resets learning identity.
+	ingest(2000, 1, 1, 6000, 1)
+	if v := view(); v.Generation != 1 || !v.Learnable {
+		t.Errorf("new epoch: %+v", v)
+	}
+}
+
+func TestCaps(t *testing.T) {
+	s := New(time.Minute)
+	var b strings.Builder
+	for i := range MaxProvidersPerSite + 6 {
+		b.WriteString(line(signals.Ready, "e", fmt.Sprintf("p%03d", i), 1, 1000))
+	}
+	res := s.Ingest([]byte(b.String()), 1000, 1000, 1000, "e", true)
+	if res.Dropped[DropCap] != 6 || len(s.Keys()) != MaxProvidersPerSite {
+		t.Errorf("drops %v, keys %d", res.Dropped, len(s.Keys()))
+	}
+}
+
+func TestWindowEviction(t *testing.T) {
+	s := New(10 * time.Second)
+	for i := range 200 {
+		ts := int64(1000 + i*100)
+		s.Ingest([]byte(line(signals.InFlight, "e", "a", float64(i), ts)), ts, ts, ts, "e", true)
+	}
+	v, _ := s.View(Key{"e", "a"})
+	got := v.Series[signals.InFlight]
+	if len(got) > MaxSamplesPerSerie || got[0].At < got[len(got)-1].At-10_000 {
+		t.Errorf("%d samples from %d to %d", len(got), got[0].At, got[len(got)-1].At)
+	}
+}
+
+func TestTimelineIgnoresWallSteps(t *testing.T) {
+	clk := clock.NewFake(time.UnixMilli(1_000_000))
+	tl := NewTimeline(clk)
+	clk.Advance(time.Second)
+	if tl.NowMs() != 1_001_000 {
+		t.Fatalf("now %d", tl.NowMs())
+	}
+}
+
+func FuzzIngest(f *testing.F) {
+	f.Add([]byte(line(signals.Ready, "e", "a", 1, 1000) + meta("e", "a", 1, 1, 1, 1000)))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		s := New(time.Minute)
+		s.Ingest(body, 1000, 1000, 1000, "e", true)
+		for _, k := range s.Keys() {
+			v, _ := s.View(k)
+			if len(v.Series) > MaxMetricsPerKey {
+				t.Fatalf("%d series", len(v.Series))
+			}
+		}
+	})
+}
