@@ -33,7 +33,7 @@ type env struct {
 
 var commands = map[string]command{
 	"operator": {"run the site operator: scrape backends, publish and poll load signals", runOperator},
-	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", notYet("gateway")},
+	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", runGateway},
 	"demo":     {"run a whole grid on loopback with a load generator and a live view", notYet("demo")},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
 	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},

@@ -45,7 +45,17 @@ type Availability struct {
 	FullAfterMs       *int64   `yaml:"full_after_ms"`
 	RoomAfterMs       *int64   `yaml:"room_after_ms"`
 	QueueFull         *float64 `yaml:"queue_full"`
+	// CeilingModel is "bounds" (the seed's soft and hard capacity bounds
+	// with the KV-cache term) or "single" (the reference code's one decayed
+	// ceiling), kept so the two can be compared.
+	CeilingModel string `yaml:"ceiling_model"`
 }
+
+// Ceiling models.
+const (
+	CeilingBounds = "bounds"
+	CeilingSingle = "single"
+)
 
 // Gateway defaults.
 const (
@@ -79,6 +89,7 @@ func (c *Gateway) applyDefaults() {
 	setPtr(&a.FullAfterMs, DefaultFullAfterMs)
 	setPtr(&a.RoomAfterMs, DefaultRoomAfterMs)
 	setPtr(&a.QueueFull, DefaultQueueFull)
+	setString(&a.CeilingModel, CeilingBounds)
 }
 
 // setPtr fills an optional knob whose zero is a meaningful setting (an

@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strconv"
@@ -27,6 +28,10 @@ const refusedBody = "signals: caller is not permitted to read this site\n"
 // configured peer site reads this site's rows, anyone else gets 403.
 func (o *Operator) SignalsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == ServingPath {
+			o.serveServing(w, r)
+			return
+		}
 		if r.URL.Path != SignalsPath {
 			http.NotFound(w, r)
 			return
@@ -137,4 +142,57 @@ func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Ti
 			a.oldest = stamp
 		}
 	}
+}
+
+// ServingPath is where the operator tells its own gateway what this site
+// serves and where requests go.
+const ServingPath = "/v1/site/serving"
+
+// Serving is the serving document: this site's providers with the models
+// they serve and their upstreams, and each peer site's gateway. Everything
+// in it comes from this operator's configuration, never from a peer: a peer
+// can describe its own load, not redirect traffic.
+type Serving struct {
+	Site      string            `json:"site"`
+	Providers []ServingProvider `json:"providers"`
+	Peers     []ServingPeer     `json:"peers"`
+}
+
+// ServingProvider is one local provider.
+type ServingProvider struct {
+	Name     string `json:"name"`
+	Model    string `json:"model"`
+	Upstream string `json:"upstream"`
+}
+
+// ServingPeer is where a peer site's gateway takes forwarded requests.
+type ServingPeer struct {
+	Site    string `json:"site"`
+	Gateway string `json:"gateway,omitempty"`
+}
+
+// serveServing answers the Local caller only.
+func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if o.id.Classify(r.TLS).Class != identity.Local {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusForbidden)
+		w.Write([]byte(refusedBody))
+		return
+	}
+	cfg := o.cfg.Load()
+	doc := Serving{Site: cfg.Site, Providers: []ServingProvider{}, Peers: []ServingPeer{}}
+	for _, p := range cfg.Providers {
+		doc.Providers = append(doc.Providers, ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
+	}
+	for _, p := range cfg.Peers {
+		doc.Peers = append(doc.Peers, ServingPeer{Site: p.Site, Gateway: p.Gateway})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(doc)
 }

@@ -102,6 +102,19 @@ type Snapshot struct {
 	BuiltAt  int64
 }
 
+// NewSnapshot assembles a snapshot from ordered candidates, for views
+// derived from a built one (the hop view, tests).
+func NewSnapshot(cands []Candidate, shedding map[string]bool, builtAt int64) *Snapshot {
+	s := &Snapshot{Candidates: cands, byModel: map[string][]int32{}, Shedding: shedding, BuiltAt: builtAt}
+	if s.Shedding == nil {
+		s.Shedding = map[string]bool{}
+	}
+	for i := range cands {
+		s.byModel[cands[i].Model] = append(s.byModel[cands[i].Model], int32(i))
+	}
+	return s
+}
+
 // Models lists the models some candidate serves, sorted.
 func (s *Snapshot) Models() []string {
 	out := make([]string, 0, len(s.byModel))
@@ -178,10 +191,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 			sortByScore(cands)
 		}
 	}
-	snap := &Snapshot{Candidates: cands, byModel: map[string][]int32{}, Shedding: map[string]bool{}, BuiltAt: now}
-	for i := range cands {
-		snap.byModel[cands[i].Model] = append(snap.byModel[cands[i].Model], int32(i))
-	}
+	snap := NewSnapshot(cands, nil, now)
 	b.shed(snap, set)
 	b.current.Store(snap)
 	return snap

@@ -1,0 +1,378 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/gateway"
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// serve runs h on addr (over TLS when conf is set) until the test ends.
+func serve(t *testing.T, addr string, h http.Handler, conf *tls.Config) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf != nil {
+		ln = tls.NewListener(ln, conf)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// site is a whole site: a sim, an operator and a gateway.
+type site struct {
+	name                      string
+	sim                       *sim.Sim
+	simURL                    string
+	op                        *operator.Operator
+	gw                        *gateway.Gateway
+	client, hop, signals, met string
+}
+
+type gridSpec struct {
+	slots        map[string]int
+	shedding     bool
+	ceilingFloor float64
+}
+
+// startGrid runs two sites, east and west, that peer with each other.
+func startGrid(t *testing.T, spec gridSpec) map[string]*site {
+	t.Helper()
+	dir := t.TempDir()
+	identity.Init(dir, "grid.internal", time.Now())
+	sites := map[string]*site{}
+	for _, n := range []string{"east", "west"} {
+		identity.Issue(dir, n, nil, time.Now())
+		s := &site{name: n, client: freeAddr(t), hop: freeAddr(t), signals: freeAddr(t), met: freeAddr(t)}
+		sm, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: spec.slots[n], TTFT: 20 * time.Millisecond, TPOT: 20 * time.Millisecond, RefreshInterval: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.sim = sm
+		simSrv := httptest.NewServer(sm.Handler())
+		s.simURL = simSrv.URL
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { sm.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done; simSrv.Close() })
+		sites[n] = s
+	}
+	tlsBlock := func(n string) string {
+		return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, n+".crt"), filepath.Join(dir, n+".key"))
+	}
+	for n, s := range sites {
+		peer := sites[map[string]string{"east": "west", "west": "east"}[n]]
+		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\npeerPollInterval: 1s\npeers:\n  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\nproviders:\n  - {name: %s-pool, model: %s, kind: epp, upstream: %q, metrics: {endpoint: %q}}\n",
+			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, peer.hop, n, sim.DefaultModel, s.simURL, s.simURL)
+		opCfg, err := config.ParseOperator(n+".yaml", []byte(opYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", n, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.op = operator.New(opCfg, state, operator.Options{Identity: id})
+		ln, err := net.Listen("tcp", s.signals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(3)
+		go func() { defer wg.Done(); s.op.Run(ctx) }()
+		go func() { defer wg.Done(); s.op.RunPeers(ctx) }()
+		go func() { defer wg.Done(); s.op.ServeSignals(ctx, ln, operator.DefaultLimits, time.Second) }()
+		t.Cleanup(func() { cancel(); wg.Wait(); s.op.Close() })
+
+		floor := spec.ceilingFloor
+		if floor == 0 {
+			floor = 8
+		}
+		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\navailability: {shedding: %v, full_after_ms: 500, room_after_ms: 500, ceiling_floor: %g}\n",
+			n, tlsBlock(n), s.client, s.hop, s.met, s.signals, spec.shedding, floor)
+		gwCfg, err := config.ParseGateway(n+"-gw.yaml", []byte(gwYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.gw, err = gateway.New(gwCfg, gateway.Options{Identity: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gctx, gcancel := context.WithCancel(context.Background())
+		gdone := make(chan struct{})
+		go func() { s.gw.Run(gctx); close(gdone) }()
+		serve(t, s.client, s.gw.ClientHandler(), nil)
+		serve(t, s.hop, s.gw.HopHandler(), id.ServerTLS())
+		t.Cleanup(func() { gcancel(); <-gdone; s.gw.Close() })
+	}
+	return sites
+}
+
+var client = &http.Client{Timeout: 30 * time.Second}
+
+func chat(t *testing.T, addr string, tokens int, stream bool) (*http.Response, string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, sim.DefaultModel, tokens, stream)
+	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// warm sends requests until both sites have served one (each gateway polls
+// only while serving, and peers learn of each other through their operators).
+func warm(t *testing.T, s *site) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	seen := map[string]bool{}
+	for time.Now().Before(deadline) && len(seen) < 2 {
+		resp, _ := chat(t, s.client, 1, false)
+		if resp.StatusCode == 200 {
+			seen[resp.Header.Get("X-Grid-Site")] = true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(seen) < 2 {
+		t.Fatalf("only %v served within 20s", seen)
+	}
+}
+
+func TestTwoSitesRouteAndExclude(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}})
+	east := g["east"]
+	warm(t, east)
+
+	resp, body := chat(t, east.client, 2, false)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Grid-Backend") == "" {
+		t.Fatalf("routed response %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+
+	// east's EPP reports no ready endpoint: routing to east stops.
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	excluded := waitRouting(t, east.client, func(site string) bool { return site != "east" }, 10*time.Second)
+	t.Logf("east excluded after %v", excluded)
+	if excluded > 3*time.Second+500*time.Millisecond {
+		t.Errorf("exclusion took %v, want about 3s at the default intervals", excluded)
+	}
+	for range 20 {
+		if r, _ := chat(t, east.client, 1, false); r.Header.Get("X-Grid-Site") == "east" {
+			t.Fatal("routed to an excluded site")
+		}
+	}
+	control(t, east.simURL, `{"readyEndpoints": null}`)
+	rejoined := waitFirstServed(t, east.client, "east", 10*time.Second)
+	t.Logf("east rejoined after %v", rejoined)
+	if rejoined > 3*time.Second+500*time.Millisecond {
+		t.Errorf("rejoin took %v", rejoined)
+	}
+}
+
+// waitRouting sends requests until 30 in a row are served where cond says,
+// and returns when that run began.
+func waitRouting(t *testing.T, addr string, cond func(site string) bool, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	streak := 0
+	var began time.Duration
+	for time.Since(start) < limit {
+		sent := time.Since(start)
+		resp, _ := chat(t, addr, 1, false)
+		if resp.StatusCode == 200 && cond(resp.Header.Get("X-Grid-Site")) {
+			if streak == 0 {
+				began = sent
+			}
+			if streak++; streak >= 30 {
+				return began
+			}
+		} else {
+			streak = 0
+		}
+	}
+	t.Fatalf("condition not met within %v", limit)
+	return 0
+}
+
+// waitFirstServed sends requests until site serves one.
+func waitFirstServed(t *testing.T, addr, site string, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < limit {
+		if resp, _ := chat(t, addr, 1, false); resp.Header.Get("X-Grid-Site") == site {
+			return time.Since(start)
+		}
+	}
+	t.Fatalf("%s served nothing within %v", site, limit)
+	return 0
+}
+
+func control(t *testing.T, simURL, body string) {
+	t.Helper()
+	resp, err := http.Post(simURL+"/sim/control", "application/json", strings.NewReader(body))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("control %s: %v %v", body, err, resp)
+	}
+	resp.Body.Close()
+}
+
+func TestRefusals(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 2, "west": 2}})
+	east := g["east"]
+	warm(t, east)
+	// No model.
+	resp, _ := http.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(`{"messages":[]}`))
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Errorf("no model: %d", resp.StatusCode)
+	}
+	// Unknown model.
+	resp, _ = http.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"nope"}`))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.Contains(string(b), "model_not_found") {
+		t.Errorf("unknown model: %d %s", resp.StatusCode, b)
+	}
+	// Every provider unready: 503 with Retry-After and an OpenAI error.
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	control(t, g["west"].simURL, `{"readyEndpoints": 0}`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, body := chat(t, east.client, 1, false)
+		if resp.StatusCode == 503 {
+			if resp.Header.Get("Retry-After") == "" || !strings.Contains(body, `"code":"no_healthy_site"`) {
+				t.Errorf("503 without Retry-After or error body: %v %s", resp.Header, body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d with every provider unready", resp.StatusCode)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// /v1/models lists the model served anywhere.
+	r2, err := http.Get("http://" + east.client + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(r2.Body)
+	r2.Body.Close()
+	if !strings.Contains(string(mb), sim.DefaultModel) {
+		t.Errorf("/v1/models: %s", mb)
+	}
+}
+
+func TestStreamingAndCancel(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}})
+	east := g["east"]
+	warm(t, east)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+east.client+"/v1/chat/completions",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":200,"stream":true}`, sim.DefaultModel)))
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	first := time.Since(start)
+	// 200 tokens at 20ms take 4s; the first event must arrive long before.
+	if err != nil || !strings.HasPrefix(line, "data: ") || first > 2*time.Second {
+		t.Fatalf("first event %q after %v (%v)", line, first, err)
+	}
+	served := resp.Header.Get("X-Grid-Site")
+	cancel()
+	resp.Body.Close()
+	s := g[served].sim
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Engines()[0].Load().Running != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream request kept running after the client left")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSheddingWhenFull(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 1, "west": 1}, shedding: true, ceilingFloor: 1})
+	east := g["east"]
+	warm(t, east)
+	// Saturate both sites with long requests so queues form.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+east.client+"/v1/chat/completions",
+				strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":500}`, sim.DefaultModel)))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	// Probes give up quickly: until the grid sheds they wait in a queue.
+	probe := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(25 * time.Second)
+	for {
+		resp, err := probe.Post("http://"+east.client+"/v1/chat/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":1}`, sim.DefaultModel)))
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 429 {
+				if resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "capacity_exhausted") {
+					t.Errorf("429 without Retry-After or body: %v %s", resp.Header, body)
+				}
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never shed")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+}

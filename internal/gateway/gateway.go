@@ -1,0 +1,337 @@
+// Package gateway is the site gateway: an OpenAI-compatible reverse proxy
+// that polls its local operator while it serves, keeps the readings in a
+// load store, rebuilds a routing snapshot after every poll, and picks a site
+// for each request from that snapshot alone. Requests for a remote site go
+// to that site's gateway over mutual TLS (the hop listener), which routes
+// them among its own providers.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+// Bounds of the operator exchange.
+const (
+	signalsBodyCap = 1 << 20
+	pollTimeout    = 2 * time.Second
+	// storeWindow is how long the store keeps samples (the reference's
+	// window_secs).
+	storeWindow = 60 * time.Second
+)
+
+// Options are the gateway's collaborators.
+type Options struct {
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	Identity *identity.Source
+}
+
+// Gateway is one site's gateway.
+type Gateway struct {
+	cfg      atomic.Pointer[config.Gateway]
+	clk      clock.Clock
+	log      *slog.Logger
+	id       *identity.Source
+	timeline *loadstore.Timeline
+	store    *loadstore.Store
+	builder  *route.Builder
+	m        *metrics
+
+	opClient *http.Client
+	serving  atomic.Pointer[operator.Serving]
+	// local is the hop view: this site's own candidates only.
+	local atomic.Pointer[route.Snapshot]
+
+	lastRequest atomic.Int64 // unix ns of the latest request
+	wake        chan struct{}
+	firstOnce   sync.Once
+	first       chan struct{} // closed after the first snapshot from a poll
+	turn        atomic.Uint64
+
+	health    *health
+	upstreams *upstreams
+}
+
+// New builds a gateway from a validated configuration.
+func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
+	if opts.Identity == nil {
+		return nil, errors.New("the gateway needs its site identity (tls)")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	opTLS, err := opts.Identity.ClientTLS(cfg.Site)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		clk: opts.Clock, log: opts.Logger, id: opts.Identity,
+		timeline: loadstore.NewTimeline(opts.Clock),
+		store:    loadstore.New(storeWindow),
+		builder:  route.NewBuilder(),
+		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
+		wake:     make(chan struct{}, 1),
+		first:    make(chan struct{}),
+		health:   newHealth(opts.Clock),
+	}
+	g.cfg.Store(cfg)
+	g.upstreams = newUpstreams(opts.Identity)
+	g.m = newMetrics()
+	var seed [8]byte
+	rand.Read(seed[:])
+	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step
+	g.local.Store(&route.Snapshot{})
+	return g, nil
+}
+
+// Settings turns the configuration into route settings.
+func settings(cfg *config.Gateway) route.Settings {
+	a := cfg.Availability
+	s := route.Settings{
+		Shedding: a.Shedding, Smoothing: *a.Smoothing, CeilingHalfLifeMs: float64(*a.CeilingHalfLifeMs),
+		CeilingFloor: *a.CeilingFloor, ExploreFloor: *a.ExploreFloor, FullAfterMs: *a.FullAfterMs,
+		RoomAfterMs: *a.RoomAfterMs, QueueFull: *a.QueueFull, SingleCeiling: a.CeilingModel == config.CeilingSingle,
+	}
+	// The load window covers a peer's poll, a scrape, a timeout and a local
+	// poll: long enough to hold the latest reading of every site.
+	s.WindowMs = (5*time.Second + time.Second + 2*time.Second + cfg.PollInterval.D()).Milliseconds()
+	return s
+}
+
+// Reload applies a new configuration's tuning; listeners and identity need
+// a restart.
+func (g *Gateway) Reload(next *config.Gateway) error {
+	cur := g.cfg.Load()
+	if next.Site != cur.Site || next.Listen != cur.Listen || next.Hop != cur.Hop || next.Metrics != cur.Metrics ||
+		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || *next.TLS != *cur.TLS {
+		return errors.New("site, trustDomain, tls, operator and listeners cannot change on reload; restart the gateway")
+	}
+	g.cfg.Store(next)
+	g.refresh()
+	return nil
+}
+
+// CountReload records a reload's result.
+func (g *Gateway) CountReload(applied bool) {
+	g.m.reloads.WithLabelValues(map[bool]string{true: "applied", false: "rejected"}[applied]).Inc()
+}
+
+// touch records a request; an idle gateway starts polling again.
+func (g *Gateway) touch() {
+	g.lastRequest.Store(g.clk.Now().UnixNano())
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run polls the operator every pollInterval while the gateway serves:
+// from the first request until it has been idle for idleAfter.
+func (g *Gateway) Run(ctx context.Context) {
+	for {
+		cfg := g.cfg.Load()
+		idle := g.clk.Now().Sub(time.Unix(0, g.lastRequest.Load())) > cfg.IdleAfter.D()
+		if g.lastRequest.Load() == 0 || idle {
+			select {
+			case <-ctx.Done():
+				return
+			case <-g.wake:
+			}
+		}
+		start := g.clk.Now()
+		g.Poll(ctx)
+		t := g.clk.NewTimer(max(0, cfg.PollInterval.D()-g.clk.Now().Sub(start)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// Poll runs one cycle: read the operator's relay and serving document,
+// ingest, rebuild the snapshot. The snapshot is rebuilt after every cycle,
+// success or not, so readings age and learned state decays.
+func (g *Gateway) Poll(ctx context.Context) {
+	cfg := g.cfg.Load()
+	base := strings.TrimRight(cfg.Operator.Signals, "/")
+	body, date, err := g.fetch(ctx, base+operator.SignalsPath)
+	if err == nil {
+		var doc []byte
+		if doc, _, err = g.fetch(ctx, base+operator.ServingPath); err == nil {
+			var s operator.Serving
+			if err = json.Unmarshal(doc, &s); err != nil {
+				err = &pollError{"encoding", err}
+			} else if s.Site != cfg.Site {
+				err = &pollError{"unauthorized", fmt.Errorf("serving document of site %q", s.Site)}
+			} else {
+				g.serving.Store(&s)
+			}
+		}
+	}
+	if err != nil {
+		result := "unreachable"
+		var pe *pollError
+		if errors.As(err, &pe) {
+			result = pe.result
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		g.m.polls.WithLabelValues(result).Inc()
+		g.log.Debug("operator poll failed", "result", result, "err", err)
+		g.refresh()
+		return
+	}
+	res := g.store.Ingest(body, date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), cfg.Site, true)
+	for reason, n := range res.Dropped {
+		g.m.dropped.WithLabelValues(reason).Add(float64(n))
+	}
+	g.m.polls.WithLabelValues("ok").Inc()
+	g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
+	g.m.responseBytes.Set(float64(len(body)))
+	g.refresh()
+	g.firstOnce.Do(func() { close(g.first) })
+}
+
+type pollError struct {
+	result string
+	err    error
+}
+
+func (e *pollError) Error() string { return e.result + ": " + e.err.Error() }
+func (e *pollError) Unwrap() error { return e.err }
+
+// fetch GETs one operator document, bounded in time and size, and returns
+// it with the answer's Date.
+func (g *Gateway) fetch(ctx context.Context, url string) ([]byte, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, time.Time{}, &pollError{"config", err}
+	}
+	resp, err := g.opClient.Do(req)
+	if err != nil {
+		return nil, time.Time{}, &pollError{"unreachable", err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusForbidden {
+		return nil, time.Time{}, &pollError{"unauthorized", fmt.Errorf("HTTP %d", resp.StatusCode)}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, time.Time{}, &pollError{"unreachable", fmt.Errorf("HTTP %d", resp.StatusCode)}
+	}
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signalsBodyCap+1)); err != nil {
+		return nil, time.Time{}, &pollError{"unreachable", err}
+	}
+	if buf.Len() > signalsBodyCap {
+		return nil, time.Time{}, &pollError{"too_large", errors.New("answer exceeds 1 MiB")}
+	}
+	date, err := http.ParseTime(resp.Header.Get("Date"))
+	if err != nil {
+		return nil, time.Time{}, &pollError{"no_date", err}
+	}
+	return buf.Bytes(), date, nil
+}
+
+// topology is the candidate list: this site's providers from its operator's
+// serving document, and every remote provider the relay says serves a model,
+// reached through that site's gateway as the local configuration names it.
+// A remote site without a configured gateway has no route.
+func (g *Gateway) topology() []route.Candidate {
+	s := g.serving.Load()
+	if s == nil {
+		return nil
+	}
+	var out []route.Candidate
+	for _, p := range s.Providers {
+		u, err := url.Parse(p.Upstream)
+		if err != nil {
+			u = nil
+		}
+		out = append(out, route.Candidate{Model: p.Model, Site: s.Site, Provider: p.Name, Local: true, Upstream: u})
+	}
+	gateways := map[string]*url.URL{}
+	for _, p := range s.Peers {
+		if u, err := url.Parse(p.Gateway); err == nil && p.Gateway != "" {
+			gateways[p.Site] = u
+		}
+	}
+	var remote []route.Candidate
+	for _, k := range g.store.Keys() {
+		if k.Site == s.Site {
+			continue
+		}
+		v, ok := g.store.View(k)
+		if !ok || v.Model == "" {
+			continue
+		}
+		remote = append(remote, route.Candidate{Model: v.Model, Site: k.Site, Provider: k.Provider, Upstream: gateways[k.Site]})
+	}
+	sort.SliceStable(remote, func(i, j int) bool { return remote[i].Site < remote[j].Site })
+	return append(out, remote...)
+}
+
+// refresh rebuilds the snapshot and the hop view, and publishes gauges.
+func (g *Gateway) refresh() {
+	cfg := g.cfg.Load()
+	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, settings(cfg))
+	g.local.Store(localView(snap))
+	g.m.publish(snap)
+}
+
+// localView is the snapshot restricted to this site's providers, for
+// requests a peer forwarded: they are never forwarded again.
+func localView(s *route.Snapshot) *route.Snapshot {
+	var local []route.Candidate
+	for i := range s.Candidates {
+		if s.Candidates[i].Local {
+			local = append(local, s.Candidates[i])
+		}
+	}
+	return route.NewSnapshot(local, nil, s.BuiltAt)
+}
+
+// waitFirst waits, bounded, for the first snapshot after start.
+func (g *Gateway) waitFirst(ctx context.Context) {
+	wait := max(3*g.cfg.Load().PollInterval.D(), 3*time.Second)
+	t := g.clk.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-g.first:
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+// nan is NaN for gauges of unmeasured values.
+var nan = math.NaN()

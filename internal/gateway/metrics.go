@@ -1,0 +1,121 @@
+package gateway
+
+import (
+	"math"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+// metrics are the gateway's series (reference §5.2).
+type metrics struct {
+	reg           *prometheus.Registry
+	decisions     *prometheus.CounterVec
+	selections    *prometheus.CounterVec
+	rho           *prometheus.GaugeVec
+	weight        *prometheus.GaugeVec
+	ceiling       *prometheus.GaugeVec
+	score         *prometheus.GaugeVec
+	shedding      *prometheus.GaugeVec
+	polls         *prometheus.CounterVec
+	lastSuccess   prometheus.Gauge
+	responseBytes prometheus.Gauge
+	dropped       *prometheus.CounterVec
+	reloads       *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	retries       prometheus.Counter
+
+	published  map[[2]string]bool
+	shedModels map[string]bool
+}
+
+func newMetrics() *metrics {
+	sc := []string{"site", "cluster"}
+	m := &metrics{
+		reg:           prometheus.NewRegistry(),
+		decisions:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_decisions_total", Help: "Routing decisions: routed and fallback per site; refusals with an empty site."}, []string{"site", "cluster", "reason"}),
+		selections:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: two_choices, between_two, lone, by_capacity."}, []string{"path"}),
+		rho:           prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_rho", Help: "Saturation the gateway last read for the site, in-flight over its ceiling. NaN when unmeasured."}, sc),
+		weight:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_weight", Help: "Capacity the draw weights the site by. NaN when unmeasured."}, sc),
+		ceiling:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_ceiling", Help: "Ceiling the gateway has learned for the site. NaN when unmeasured."}, sc),
+		score:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_score", Help: "Score the site ranks by in the current snapshot. NaN when excluded or demoted."}, sc),
+		shedding:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_shedding", Help: "1 while the gateway sheds this model, 0 otherwise."}, []string{"model"}),
+		polls:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_poll_total", Help: "Operator polls by result: ok, unreachable, unauthorized, too_large, no_date, encoding, config."}, []string{"result"}),
+		lastSuccess:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_last_success_timestamp_seconds", Help: "Unix time of the last successful operator poll."}),
+		responseBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_response_bytes", Help: "Size of the last successful operator answer."}),
+		dropped:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_ingest_dropped_total", Help: "Signal rows dropped at ingest, by reason."}, []string{"reason"}),
+		reloads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_config_reload_total", Help: "Configuration reloads by result: applied or rejected."}, []string{"result"}),
+		duration:      prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),
+		retries:       prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
+		published:     map[[2]string]bool{},
+		shedModels:    map[string]bool{},
+	}
+	for _, r := range []string{"ok", "unreachable", "unauthorized", "too_large", "no_date", "encoding", "config"} {
+		m.polls.WithLabelValues(r)
+	}
+	for _, r := range loadstore.DropReasons {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, r := range []string{"applied", "rejected"} {
+		m.reloads.WithLabelValues(r)
+	}
+	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// publish sets the per-site gauges from a snapshot: the first candidate of
+// each (site, cluster) pair; pairs gone since get NaN.
+func (m *metrics) publish(s *route.Snapshot) {
+	seen := map[[2]string]bool{}
+	for i := range s.Candidates {
+		c := &s.Candidates[i]
+		k := [2]string{c.Site, c.Provider}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		m.score.WithLabelValues(k[0], k[1]).Set(c.Score)
+		if c.Measured {
+			m.rho.WithLabelValues(k[0], k[1]).Set(c.Rho)
+			m.weight.WithLabelValues(k[0], k[1]).Set(c.Capacity)
+			m.ceiling.WithLabelValues(k[0], k[1]).Set(c.Ceiling)
+		} else {
+			for _, g := range []*prometheus.GaugeVec{m.rho, m.weight, m.ceiling} {
+				g.WithLabelValues(k[0], k[1]).Set(math.NaN())
+			}
+		}
+	}
+	for k := range m.published {
+		if !seen[k] {
+			for _, g := range []*prometheus.GaugeVec{m.rho, m.weight, m.ceiling, m.score} {
+				g.WithLabelValues(k[0], k[1]).Set(math.NaN())
+			}
+		}
+	}
+	m.published = seen
+	for model := range m.shedModels {
+		if !s.Shedding[model] {
+			m.shedding.WithLabelValues(model).Set(0)
+		}
+	}
+	for model := range s.Shedding {
+		m.shedding.WithLabelValues(model).Set(1)
+	}
+	m.shedModels = s.Shedding
+}
+
+// MetricsHandler serves the plain listener: /metrics, /healthz, /readyz.
+func (g *Gateway) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	return mux
+}

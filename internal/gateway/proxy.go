@@ -1,0 +1,277 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+// maxBody bounds a request body; the model is read from it.
+const maxBody = 10 << 20
+
+// Headers.
+const (
+	headerModel   = "X-Model"
+	headerSite    = "X-Grid-Site"
+	headerBackend = "X-Grid-Backend"
+)
+
+// internalHeaders never pass from a client to an upstream.
+var internalHeaders = []string{"X-Ai-Routing-Candidate", "X-Ai-Routing-Request-Id", "X-Ai-Routing-Revision", headerSite, headerBackend}
+
+// ClientHandler serves the OpenAI API to clients.
+func (g *Gateway) ClientHandler() http.Handler { return g.handler(false) }
+
+// HopHandler serves requests forwarded by peer gateways, on the mTLS hop
+// listener: the caller must verify as another grid site, and the request is
+// routed among this site's providers only.
+func (g *Gateway) HopHandler() http.Handler { return g.handler(true) }
+
+func (g *Gateway) handler(hop bool) http.Handler {
+	mux := http.NewServeMux()
+	api := func(w http.ResponseWriter, r *http.Request) { g.serveAPI(w, r, hop) }
+	mux.HandleFunc("POST /v1/chat/completions", api)
+	mux.HandleFunc("POST /v1/completions", api)
+	mux.HandleFunc("POST /v1/embeddings", api)
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) { g.serveModels(w, r, hop) })
+	if !hop {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := g.id.Classify(r.TLS); c.Class != identity.Peer {
+			w.Header().Set("Connection", "close")
+			refuse(w, http.StatusForbidden, "permission_error", "forbidden", "only a grid site may forward requests here", false, 0)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (g *Gateway) snapshot(hop bool) *route.Snapshot {
+	if hop {
+		return g.local.Load()
+	}
+	return g.builder.Current()
+}
+
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, hop bool) {
+	g.touch()
+	g.waitFirst(r.Context())
+	var data []map[string]any
+	for _, m := range g.snapshot(hop).Models() {
+		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "grid"})
+	}
+	if data == nil {
+		data = []map[string]any{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// retryAfter spreads clients' retries over 3 to 7 seconds.
+var retryAfter = [...]string{"3", "4", "5", "6", "7"}
+
+// refuse answers an OpenAI-style error.
+func refuse(w http.ResponseWriter, status int, typ, code, msg string, retry bool, turn uint64) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if retry {
+		h.Set("Retry-After", retryAfter[turn%5])
+	}
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": msg, "type": typ, "code": code}})
+}
+
+func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
+	start := g.clk.Now()
+	g.touch()
+	outcome := "routed"
+	defer func() { g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds()) }()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		outcome = "bad_request"
+		if errors.As(err, &tooBig) {
+			refuse(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "request body exceeds 10 MiB", false, 0)
+			return
+		}
+		refuse(w, http.StatusBadRequest, "invalid_request_error", "bad_request", "could not read the request body", false, 0)
+		return
+	}
+	model := r.Header.Get(headerModel)
+	if model == "" {
+		model, _ = ModelOf(body)
+	}
+	if model == "" {
+		outcome = "bad_request"
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		refuse(w, http.StatusBadRequest, "invalid_request_error", "model_required", "the request names no model (a top-level \"model\" or an X-Model header)", false, 0)
+		return
+	}
+	for _, h := range internalHeaders {
+		r.Header.Del(h)
+	}
+	g.waitFirst(r.Context())
+	snap := g.snapshot(hop)
+	turn := g.turn.Add(1)
+	pick := snap.Pick(model, turn)
+	if pick.Candidate == nil {
+		outcome = g.refusePick(w, pick.Outcome, turn)
+		return
+	}
+	var tried *route.Candidate
+	for attempt := 0; attempt < 2; attempt++ {
+		c := pick.Candidate
+		reason := "routed"
+		if pick.Outcome == route.Fallback {
+			reason = "fallback"
+		} else {
+			g.m.selections.WithLabelValues(pick.Path.String()).Inc()
+		}
+		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
+		retry := g.forward(w, r, body, c)
+		if !retry {
+			return
+		}
+		// Refused before any byte: once more, on another site.
+		tried = c
+		g.m.retries.Inc()
+		pick = route.Pick{}
+		for k := uint64(1); k < 8; k++ {
+			if p := snap.Pick(model, turn+k*0x9E3779B9); p.Candidate != nil && healthKey(p.Candidate) != healthKey(tried) {
+				pick = p
+				break
+			}
+		}
+		if pick.Candidate == nil {
+			break
+		}
+	}
+	outcome = "upstream_error"
+	refuse(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "the chosen site could not be reached", true, turn)
+}
+
+// refusePick answers a pick that carries no candidate and counts it.
+func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64) string {
+	switch o {
+	case route.Shed:
+		g.m.decisions.WithLabelValues("", "", "shed").Inc()
+		refuse(w, http.StatusTooManyRequests, "rate_limit_exceeded", "capacity_exhausted", "every site serving this model is at capacity", true, turn)
+		return "shed"
+	case route.NotReady:
+		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		refuse(w, http.StatusServiceUnavailable, "server_error", "no_healthy_site", "no healthy site serves this model now", true, turn)
+		return "not_ready"
+	case route.UnknownModel:
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		refuse(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "no site serves this model", false, turn)
+		return "model_not_found"
+	default:
+		g.m.decisions.WithLabelValues("", "", "no_route").Inc()
+		refuse(w, http.StatusNotFound, "invalid_request_error", "no_route", "no route serves this model", false, turn)
+		return "no_route"
+	}
+}
+
+// forward proxies one attempt to c, streaming the answer through unbuffered.
+// It reports whether the attempt may be retried elsewhere: the upstream
+// refused the connection and nothing reached the client.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate) (retry bool) {
+	transport, err := g.upstreams.transport(c)
+	if err != nil {
+		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
+		return true
+	}
+	tw := &trackingWriter{ResponseWriter: w}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(c.Upstream)
+			pr.SetXForwarded()
+			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
+			pr.Out.ContentLength = int64(len(body))
+			pr.Out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+		BufferPool:    bufferPool{},
+		ModifyResponse: func(resp *http.Response) error {
+			g.health.ok(c)
+			resp.Header.Set(headerSite, c.Site)
+			if c.Local || resp.Header.Get(headerBackend) == "" {
+				resp.Header.Set(headerBackend, c.Provider)
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			if refused(err) {
+				g.health.failed(c)
+				if !tw.wrote {
+					retry = true
+					return
+				}
+			}
+			if errors.Is(err, context.Canceled) || req.Context().Err() != nil {
+				return // the client went away; nothing to answer
+			}
+			g.log.Debug("upstream error", "site", c.Site, "provider", c.Provider, "err", err)
+			if !tw.wrote {
+				refuse(w, http.StatusBadGateway, "server_error", "upstream_error", "the upstream failed to answer", false, 0)
+			}
+		},
+	}
+	rp.ServeHTTP(tw, r)
+	return retry
+}
+
+// refused reports a connection the upstream refused or could not accept:
+// no byte of the request reached it, so another site may take it.
+func refused(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial")
+}
+
+// trackingWriter notes whether anything reached the client.
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) { t.wrote = true; t.ResponseWriter.WriteHeader(code) }
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(b)
+}
+func (t *trackingWriter) Flush() {
+	if f, ok := t.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// bufferPool recycles the proxy's copy buffers.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
+
+// Close releases idle upstream connections.
+func (g *Gateway) Close() {
+	g.upstreams.close()
+	g.opClient.CloseIdleConnections()
+}

@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+// Upstream timeouts: connecting is bounded tightly; the answer may take as
+// long as the model needs (queueing included), and a stream as long as it
+// streams.
+const (
+	dialTimeout           = 5 * time.Second
+	tlsHandshakeTimeout   = 5 * time.Second
+	responseHeaderTimeout = 5 * time.Minute
+	idleConnTimeout       = 90 * time.Second
+)
+
+// upstreams holds the keep-alive connection pools: one transport for this
+// site's providers, one mTLS transport per remote site's gateway.
+type upstreams struct {
+	id    *identity.Source
+	local *http.Transport
+
+	mu     sync.Mutex
+	remote map[string]*http.Transport
+}
+
+func newUpstreams(id *identity.Source) *upstreams {
+	return &upstreams{id: id, local: newTransport(), remote: map[string]*http.Transport{}}
+}
+
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   tlsHandshakeTimeout,
+		ResponseHeaderTimeout: responseHeaderTimeout,
+		IdleConnTimeout:       idleConnTimeout,
+		MaxIdleConnsPerHost:   256,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// transport returns the pool for a candidate: a remote site's gateway is
+// dialled with this site's identity and must present exactly that site's.
+func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
+	if c.Local {
+		return u.local, nil
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if t := u.remote[c.Site]; t != nil {
+		return t, nil
+	}
+	conf, err := u.id.ClientTLS(c.Site)
+	if err != nil {
+		return nil, err
+	}
+	t := newTransport()
+	t.TLSClientConfig = conf
+	u.remote[c.Site] = t
+	return t, nil
+}
+
+func (u *upstreams) close() {
+	u.local.CloseIdleConnections()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, t := range u.remote {
+		t.CloseIdleConnections()
+	}
+}
+
+// health is passive upstream health: a candidate whose upstream refused a
+// connection is down for a while, doubling while it keeps failing, and is
+// demoted in the next snapshot; a success clears it.
+type health struct {
+	clk clock.Clock
+	mu  sync.Mutex
+	bad map[string]*downState
+}
+
+type downState struct {
+	until   time.Time
+	backoff time.Duration
+}
+
+const (
+	minDown = 2 * time.Second
+	maxDown = 30 * time.Second
+)
+
+func newHealth(clk clock.Clock) *health { return &health{clk: clk, bad: map[string]*downState{}} }
+
+func healthKey(c *route.Candidate) string {
+	if c.Local {
+		return c.Site + "/" + c.Provider
+	}
+	return c.Site // a remote site's gateway is one upstream
+}
+
+func (h *health) failed(c *route.Candidate) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.bad[healthKey(c)]
+	if s == nil {
+		s = &downState{backoff: minDown}
+		h.bad[healthKey(c)] = s
+	} else {
+		s.backoff = min(2*s.backoff, maxDown)
+	}
+	s.until = h.clk.Now().Add(s.backoff)
+}
+
+func (h *health) ok(c *route.Candidate) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.bad, healthKey(c))
+}
+
+// isDown reports a candidate still inside its down period.
+func (h *health) isDown(c *route.Candidate) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.bad[healthKey(c)]
+	return s != nil && h.clk.Now().Before(s.until)
+}
