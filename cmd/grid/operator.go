@@ -47,7 +47,10 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	} else {
 		log.Warn("no tls block: scraping and serving /metrics only; no signals are served and no peers polled (there is no plaintext signals path)")
 	}
-	op := operator.New(cfg, state, operator.Options{Clock: clk, Logger: log, Identity: id})
+	op, err := operator.New(cfg, state, operator.Options{Clock: clk, Logger: log, Identity: id})
+	if err != nil {
+		return err
+	}
 	defer op.Close()
 	ln, err := net.Listen("tcp", cfg.Metrics.Listen)
 	if err != nil {

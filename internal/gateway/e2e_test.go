@@ -108,7 +108,9 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.op = operator.New(opCfg, state, operator.Options{Identity: id})
+		if s.op, err = operator.New(opCfg, state, operator.Options{Identity: id}); err != nil {
+			t.Fatal(err)
+		}
 		ln, err := net.Listen("tcp", s.signals)
 		if err != nil {
 			t.Fatal(err)
@@ -185,6 +187,17 @@ func TestTwoSitesRouteAndExclude(t *testing.T) {
 	resp, body := chat(t, east.client, 2, false)
 	if resp.StatusCode != 200 || resp.Header.Get("X-Grid-Backend") == "" {
 		t.Fatalf("routed response %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// The gateway's clean reports reach its operator and are acknowledged.
+	rec := httptest.NewRecorder()
+	east.gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, l := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(l, "grid_signals_feedback_failures_total{") && !strings.HasSuffix(l, " 0") {
+			t.Errorf("feedback failures: %s", l)
+		}
+	}
+	if got := east.op.GatewayAgesRejected(); len(got) != 0 {
+		t.Errorf("GatewayAgesRejected %v with clean clocks", got)
 	}
 
 	// east's EPP reports no ready endpoint: routing to east stops.
@@ -405,7 +418,7 @@ func TestSaturatedSiteLosesNewRequests(t *testing.T) {
 	// "most", not all (docs/routing.md; the age-aware default policy of a
 	// later issue does better).
 	time.Sleep(5 * time.Second)
-	probe := &http.Client{Timeout: time.Second}
+	probe := &http.Client{Timeout: 300 * time.Millisecond}
 	west := 0
 	for range 100 {
 		resp, err := probe.Post("http://"+east.client+"/v1/chat/completions", "application/json",

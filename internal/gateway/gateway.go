@@ -31,6 +31,7 @@ import (
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/operator"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // Bounds of the operator exchange.
@@ -73,6 +74,7 @@ type Gateway struct {
 
 	health    *health
 	upstreams *upstreams
+	rep       *reporter
 }
 
 // New builds a gateway from a validated configuration.
@@ -99,6 +101,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
 		health:   newHealth(opts.Clock),
+		rep:      newReporter(),
 	}
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity)
@@ -208,6 +211,10 @@ func (g *Gateway) Poll(ctx context.Context) {
 		g.m.polls.WithLabelValues(result).Inc()
 		g.log.Debug("operator poll failed", "result", result, "err", err)
 		g.refresh()
+		// A failed poll observes nothing, but pending bad evidence is retried.
+		if g.rep.pendingBad() {
+			g.report(ctx, base)
+		}
 		return
 	}
 	res := g.store.Ingest(body, date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), cfg.Site, true)
@@ -217,8 +224,20 @@ func (g *Gateway) Poll(ctx context.Context) {
 	g.m.polls.WithLabelValues("ok").Inc()
 	g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
 	g.m.responseBytes.Set(float64(len(body)))
+	// Fold the observation before the refresh, so nothing that happens to
+	// the refresh can lose a skew drop.
+	g.rep.fold(res.Dropped[loadstore.DropSkew])
 	g.refresh()
 	g.firstOnce.Do(func() { close(g.first) })
+	g.report(ctx, base)
+}
+
+// report delivers pending skew evidence to the operator; a failure is
+// counted and the evidence kept, and never fails the poll.
+func (g *Gateway) report(ctx context.Context, base string) {
+	if reason := g.rep.deliver(ctx, g.opClient, base+signals.FeedbackPath); reason != "" {
+		g.m.feedbackFailures.WithLabelValues(reason).Inc()
+	}
 }
 
 type pollError struct {

@@ -14,21 +14,22 @@ import (
 
 // metrics are the gateway's series (reference §5.2).
 type metrics struct {
-	reg           *prometheus.Registry
-	decisions     *prometheus.CounterVec
-	selections    *prometheus.CounterVec
-	rho           *prometheus.GaugeVec
-	weight        *prometheus.GaugeVec
-	ceiling       *prometheus.GaugeVec
-	score         *prometheus.GaugeVec
-	shedding      *prometheus.GaugeVec
-	polls         *prometheus.CounterVec
-	lastSuccess   prometheus.Gauge
-	responseBytes prometheus.Gauge
-	dropped       *prometheus.CounterVec
-	reloads       *prometheus.CounterVec
-	duration      *prometheus.HistogramVec
-	retries       prometheus.Counter
+	reg              *prometheus.Registry
+	decisions        *prometheus.CounterVec
+	selections       *prometheus.CounterVec
+	rho              *prometheus.GaugeVec
+	weight           *prometheus.GaugeVec
+	ceiling          *prometheus.GaugeVec
+	score            *prometheus.GaugeVec
+	shedding         *prometheus.GaugeVec
+	polls            *prometheus.CounterVec
+	lastSuccess      prometheus.Gauge
+	responseBytes    prometheus.Gauge
+	dropped          *prometheus.CounterVec
+	reloads          *prometheus.CounterVec
+	duration         *prometheus.HistogramVec
+	retries          prometheus.Counter
+	feedbackFailures *prometheus.CounterVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -37,23 +38,24 @@ type metrics struct {
 func newMetrics() *metrics {
 	sc := []string{"site", "cluster"}
 	m := &metrics{
-		reg:           prometheus.NewRegistry(),
-		decisions:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_decisions_total", Help: "Routing decisions: routed and fallback per site; refusals with an empty site."}, []string{"site", "cluster", "reason"}),
-		selections:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: two_choices, between_two, lone, by_capacity."}, []string{"path"}),
-		rho:           prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_rho", Help: "Saturation the gateway last read for the site, in-flight over its ceiling. NaN when unmeasured."}, sc),
-		weight:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_weight", Help: "Capacity the draw weights the site by. NaN when unmeasured."}, sc),
-		ceiling:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_ceiling", Help: "Ceiling the gateway has learned for the site. NaN when unmeasured."}, sc),
-		score:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_score", Help: "Score the site ranks by in the current snapshot. NaN when excluded or demoted."}, sc),
-		shedding:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_shedding", Help: "1 while the gateway sheds this model, 0 otherwise."}, []string{"model"}),
-		polls:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_poll_total", Help: "Operator polls by result: ok, unreachable, unauthorized, too_large, no_date, encoding, config."}, []string{"result"}),
-		lastSuccess:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_last_success_timestamp_seconds", Help: "Unix time of the last successful operator poll."}),
-		responseBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_response_bytes", Help: "Size of the last successful operator answer."}),
-		dropped:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_ingest_dropped_total", Help: "Signal rows dropped at ingest, by reason."}, []string{"reason"}),
-		reloads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_config_reload_total", Help: "Configuration reloads by result: applied or rejected."}, []string{"result"}),
-		duration:      prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),
-		retries:       prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
-		published:     map[[2]string]bool{},
-		shedModels:    map[string]bool{},
+		reg:              prometheus.NewRegistry(),
+		decisions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_decisions_total", Help: "Routing decisions: routed and fallback per site; refusals with an empty site."}, []string{"site", "cluster", "reason"}),
+		selections:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: two_choices, between_two, lone, by_capacity."}, []string{"path"}),
+		rho:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_rho", Help: "Saturation the gateway last read for the site, in-flight over its ceiling. NaN when unmeasured."}, sc),
+		weight:           prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_weight", Help: "Capacity the draw weights the site by. NaN when unmeasured."}, sc),
+		ceiling:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_ceiling", Help: "Ceiling the gateway has learned for the site. NaN when unmeasured."}, sc),
+		score:            prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_score", Help: "Score the site ranks by in the current snapshot. NaN when excluded or demoted."}, sc),
+		shedding:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_shedding", Help: "1 while the gateway sheds this model, 0 otherwise."}, []string{"model"}),
+		polls:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_poll_total", Help: "Operator polls by result: ok, unreachable, unauthorized, too_large, no_date, encoding, config."}, []string{"result"}),
+		lastSuccess:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_last_success_timestamp_seconds", Help: "Unix time of the last successful operator poll."}),
+		responseBytes:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_response_bytes", Help: "Size of the last successful operator answer."}),
+		dropped:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_ingest_dropped_total", Help: "Signal rows dropped at ingest, by reason."}, []string{"reason"}),
+		reloads:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_config_reload_total", Help: "Configuration reloads by result: applied or rejected."}, []string{"result"}),
+		duration:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),
+		retries:          prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
+		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
+		published:        map[[2]string]bool{},
+		shedModels:       map[string]bool{},
 	}
 	for _, r := range []string{"ok", "unreachable", "unauthorized", "too_large", "no_date", "encoding", "config"} {
 		m.polls.WithLabelValues(r)
@@ -64,8 +66,11 @@ func newMetrics() *metrics {
 	for _, r := range []string{"applied", "rejected"} {
 		m.reloads.WithLabelValues(r)
 	}
+	for _, r := range []string{"timeout", "transport", "status", "acknowledgment"} {
+		m.feedbackFailures.WithLabelValues(r)
+	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

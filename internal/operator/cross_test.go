@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -79,7 +80,10 @@ func startSiteLimits(t *testing.T, lim Limits, dir, name, stateDir, addr string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	op := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(t, dir, name)})
+	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(t, dir, name)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -621,4 +625,73 @@ func TestIngestProperty(t *testing.T) {
 			t.Fatalf("iteration %d: %d providers stored", iter, len(providers))
 		}
 	}
+}
+
+func postReport(t *testing.T, from *identity.Source, addr string, rep signals.Report) (*http.Response, error) {
+	t.Helper()
+	conf, _ := from.ClientTLS("east")
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}, Timeout: 3 * time.Second}
+	defer c.CloseIdleConnections()
+	body, _ := json.Marshal(rep)
+	resp, err := c.Post("https://"+addr+signals.FeedbackPath, "application/json", strings.NewReader(string(body)))
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return resp, err
+}
+
+// TestGatewayAgesRejected: the operator keeps each gateway replica's latest
+// report; a bad one stands through silence, another replica's clean report
+// and an operator restart, until the same replica reports clean.
+func TestGatewayAgesRejected(t *testing.T) {
+	dir := pki(t, "east", "west")
+	state := t.TempDir()
+	east := startSite(t, dir, "east", state, "", nil, "west=https://127.0.0.1:1")
+	local, peer := idSource(t, dir, "east"), idSource(t, dir, "west")
+	const a, b = "00000000000000000000000000000001", "00000000000000000000000000000002"
+	bad := signals.Report{Epoch: a, Sequence: 2, SkewTotal: 3, Observed: signals.ObservedBad}
+
+	// Only the site's own gateway may report.
+	if resp, err := postReport(t, peer, east.addr, bad); err != nil || resp.StatusCode != 403 {
+		t.Fatalf("a peer's report: %v %v", err, resp)
+	}
+	resp, err := postReport(t, local, east.addr, bad)
+	if err != nil || resp.StatusCode != 204 || resp.Header.Get(signals.FeedbackEpochHeader) != a || resp.Header.Get(signals.FeedbackSequenceHeader) != "2" {
+		t.Fatalf("bad report: %v %v", err, resp)
+	}
+	if got := east.op.GatewayAgesRejected(); len(got) != 1 {
+		t.Fatalf("GatewayAgesRejected %v", got)
+	}
+	// Another replica's clean report does not clear a's evidence; an older
+	// sequence of a is ignored.
+	postReport(t, local, east.addr, signals.Report{Epoch: b, Sequence: 9, Observed: signals.ObservedClean})
+	postReport(t, local, east.addr, signals.Report{Epoch: a, Sequence: 1, Observed: signals.ObservedClean})
+	if got := east.op.GatewayAgesRejected(); len(got) != 1 {
+		t.Fatalf("cleared by another replica or an old report: %v", got)
+	}
+	// An operator restart keeps it.
+	addr := east.addr
+	east.stop()
+	east = startSite(t, dir, "east", state, addr, nil, "west=https://127.0.0.1:1")
+	if got := east.op.GatewayAgesRejected(); len(got) != 1 {
+		t.Fatalf("lost across a restart: %v", got)
+	}
+	if v := counterValue(t, east.op, "grid_gateway_ages_rejected"); v != 1 {
+		t.Errorf("gauge %v", v)
+	}
+	// The same replica's clean report clears it.
+	postReport(t, local, addr, signals.Report{Epoch: a, Sequence: 3, SkewTotal: 3, Observed: signals.ObservedClean})
+	if got := east.op.GatewayAgesRejected(); len(got) != 0 {
+		t.Fatalf("not cleared by a later clean report: %v", got)
+	}
+	// Malformed reports are refused with a message.
+	conf, _ := local.ClientTLS("east")
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
+	defer c.CloseIdleConnections()
+	r2, err := c.Post("https://"+addr+signals.FeedbackPath, "application/json", strings.NewReader(`{"process_epoch":"zz","observed":"bad","extra":1}`))
+	if err != nil || r2.StatusCode != 400 {
+		t.Fatalf("malformed report: %v %v", err, r2)
+	}
+	r2.Body.Close()
 }

@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -149,7 +150,12 @@ func (l *guardedListener) handshake(raw net.Conn, src string) {
 			l.total--
 			l.mu.Unlock()
 			l.shed.WithLabelValues("peer").Inc()
-			tc.SetWriteDeadline(time.Now().Add(time.Second))
+			// Read the request first (bounded), so the client sees the
+			// answer rather than a connection closed under its request.
+			tc.SetDeadline(time.Now().Add(time.Second))
+			if req, err := http.ReadRequest(bufio.NewReaderSize(io.LimitReader(tc, 16<<10), 4<<10)); err == nil {
+				req.Body.Close()
+			}
 			io.WriteString(tc, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 42\r\nConnection: close\r\n\r\nsignals: too many connections from a site\n")
 			tc.Close()
 			return

@@ -44,6 +44,7 @@ type Operator struct {
 	// peerStore holds what peers published, keyed "peer/provider".
 	peerStore *Store
 	poller    *peerPoller
+	reports   *gatewayReports
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
@@ -67,8 +68,9 @@ type provider struct {
 }
 
 // New builds an operator from a validated configuration and its opened
-// state (OpenState).
-func New(cfg *config.Operator, state *State, opts Options) *Operator {
+// state (OpenState). It fails when the gateway reports kept in stateDir
+// cannot be read.
+func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.Real{}
 	}
@@ -94,7 +96,11 @@ func New(cfg *config.Operator, state *State, opts Options) *Operator {
 		o.poller.configure(cfg.Peers)
 		o.m.peers.expiry.Set(float64(o.id.Expiry().Unix()))
 	}
-	return o
+	var err error
+	if o.reports, err = loadGatewayReports(cfg.StateDir, o.m.reg); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
 // PeerStore is what the operator holds of its peers' rows.

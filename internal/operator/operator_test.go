@@ -106,7 +106,10 @@ func newHarness(t *testing.T, ps ...config.Provider) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op := New(cfg, state, Options{Clock: clk})
+	op, err := New(cfg, state, Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(op.Close)
 	return &harness{t: t, op: op, clk: clk, cfg: cfg}
 }

@@ -28,8 +28,12 @@ const refusedBody = "signals: caller is not permitted to read this site\n"
 // configured peer site reads this site's rows, anyone else gets 403.
 func (o *Operator) SignalsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == ServingPath {
+		switch r.URL.Path {
+		case ServingPath:
 			o.serveServing(w, r)
+			return
+		case signals.FeedbackPath:
+			o.serveFeedback(w, r)
 			return
 		}
 		if r.URL.Path != SignalsPath {

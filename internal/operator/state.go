@@ -108,15 +108,20 @@ func (s *State) reconcile(providers []config.Provider) error {
 	return s.write()
 }
 
-// write saves the state durably: a temporary file, fsync, rename over the
-// old one, fsync of the directory.
+// write saves the state durably.
 func (s *State) write() error {
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, stateFile+".tmp-*")
+	return writeDurably(s.path, data)
+}
+
+// writeDurably replaces path with data: a temporary file, fsync, rename over
+// the old one, fsync of the directory.
+func writeDurably(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("write operator state: %w", err)
 	}
@@ -132,7 +137,7 @@ func (s *State) write() error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("replace operator state: %w", err)
 	}
 	d, err := os.Open(dir)

@@ -31,10 +31,13 @@ type peerRow struct {
 type Report struct {
 	providers map[[2]string]*providerRow
 	peers     map[string]*peerRow
+	// gatewayAges is GatewayAgesRejected, when the page carries it.
+	gatewayAges *float64
 }
 
 var wanted = expo.NewNameSet(signals.Ready, signals.ReadyEndpoints, signals.InFlight,
-	"grid_provider_readiness", "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected")
+	"grid_provider_readiness", "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected",
+	"grid_gateway_ages_rejected")
 
 // Parse reads a /metrics page.
 func Parse(body []byte) (*Report, error) {
@@ -43,6 +46,8 @@ func Parse(body []byte) (*Report, error) {
 		label := func(n string) string { v, _ := s.Label(n); return string(v) }
 		v := s.Value
 		switch name := string(s.Name); name {
+		case "grid_gateway_ages_rejected":
+			r.gatewayAges = &v
 		case "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected":
 			p := r.peer(label("peer"))
 			switch name {
@@ -136,6 +141,13 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n, up, last, ages)
 		}
+	}
+	if r.gatewayAges != nil {
+		state := "accepted"
+		if *r.gatewayAges == 1 {
+			state = "REJECTED (GatewayAgesRejected: the gateway drops rows for skew)"
+		}
+		fmt.Fprintf(tw, "\nGATEWAY AGES\t%s\n", state)
 	}
 	return tw.Flush()
 }

@@ -17,6 +17,7 @@ grid_provider_readiness{grid_provider="east-pool",grid_site="east",reason="Ready
 grid_collection_up{peer="west"} 1
 grid_peer_last_success_timestamp_seconds{peer="west"} 1000
 grid_peer_ages_rejected{peer="west"} 1
+grid_gateway_ages_rejected 1
 `
 	r, err := Parse([]byte(page))
 	if err != nil {
@@ -25,7 +26,7 @@ grid_peer_ages_rejected{peer="west"} 1
 	var out bytes.Buffer
 	r.Write(&out, time.Unix(1003, 0))
 	s := out.String()
-	for _, want := range []string{"east  ", "east-pool", "yes", "Ready", "west-pool", "no", "3s ago", "REJECTED"} {
+	for _, want := range []string{"east  ", "east-pool", "yes", "Ready", "west-pool", "no", "3s ago", "REJECTED", "GatewayAgesRejected"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("report lacks %q:\n%s", want, s)
 		}
