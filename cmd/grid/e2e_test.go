@@ -214,6 +214,8 @@ func TestTwoSitesWithGridCerts(t *testing.T) {
 	start(t, "sim", "--kind", "epp", "--listen", sims["east"], "--endpoints", "2")
 	start(t, "sim", "--kind", "sglang", "--listen", sims["west"])
 	signalsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
+	hopAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
+	clientAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	metricsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	kinds := map[string]string{"east": "epp", "west": "sglang"}
 	for _, site := range []string{"east", "west"} {
@@ -226,13 +228,23 @@ stateDir: %[5]s
 scrapeInterval: 200ms
 peerPollInterval: 1s
 peers:
-  - {site: %[6]s, signals: "https://%[7]s"}
+  - {site: %[6]s, signals: "https://%[7]s", gateway: "https://%[10]s"}
 providers:
   - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: %[8]s, upstream: "http://%[9]s", metrics: {endpoint: "http://%[9]s"}}
-`, site, certs, signalsAddr[site], metricsAddr[site], filepath.Join(dir, "state-"+site), peer, signalsAddr[peer], kinds[site], sims[site])
+`, site, certs, signalsAddr[site], metricsAddr[site], filepath.Join(dir, "state-"+site), peer, signalsAddr[peer], kinds[site], sims[site], hopAddr[peer])
 		file := filepath.Join(dir, site+".yaml")
 		os.WriteFile(file, []byte(cfg), 0o600)
 		start(t, "operator", "--config", file)
+		gw := fmt.Sprintf(`site: %[1]s
+tls: {ca: %[2]s/ca.crt, cert: %[2]s/%[1]s.crt, key: %[2]s/%[1]s.key}
+listen: %[3]q
+hop: {listen: %[4]q}
+metrics: {listen: %[5]q}
+operator: {signals: "https://%[6]s"}
+`, site, certs, clientAddr[site], hopAddr[site], freePort(t), signalsAddr[site])
+		gwFile := filepath.Join(dir, site+"-gateway.yaml")
+		os.WriteFile(gwFile, []byte(gw), 0o600)
+		start(t, "gateway", "--config", gwFile)
 	}
 	for site, peer := range map[string]string{"east": "west", "west": "east"} {
 		want := fmt.Sprintf(`grid_provider_ready{grid_provider="%s-pool",grid_site="%s"} 1`, peer, peer)
@@ -271,6 +283,20 @@ providers:
 	if code, body, err := read("north"); err != nil || code != 403 {
 		t.Errorf("north's certificate: %d %v %q", code, err, body)
 	}
+	// Through east's gateway, both sites serve requests.
+	served := map[string]bool{}
+	eventually(t, "both sites serve through east's gateway", 20*time.Second, func() bool {
+		resp, err := http.Post("http://"+clientAddr["east"]+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				served[resp.Header.Get("X-Grid-Site")] = true
+			}
+		}
+		return served["east"] && served["west"]
+	})
 	out, err := exec.Command(gridBinary, "status", "--metrics", "http://"+metricsAddr["east"]).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "west-pool") || !strings.Contains(string(out), "accepted") || !strings.Contains(string(out), "Ready") {
 		t.Errorf("grid status: %v\n%s", err, out)
