@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -351,6 +350,3 @@ func (g *Gateway) waitFirst(ctx context.Context) {
 	case <-ctx.Done():
 	}
 }
-
-// nan is NaN for gauges of unmeasured values.
-var nan = math.NaN()
