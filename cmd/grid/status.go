@@ -13,7 +13,7 @@ import (
 
 func runStatus(ctx context.Context, args []string, e *env) error {
 	fs := newFlagSet("status", e)
-	target := fs.String("metrics", "http://127.0.0.1:9090", "base URL of an operator's (or gateway's) plain metrics listener")
+	target := fs.String("metrics", "http://127.0.0.1:9090", "base URL of an operator's or a gateway's plain metrics listener")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -469,3 +469,27 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// TestIdleSplitFollowsLearnedCapacity: once capacities are learned, idle
+// sites share new requests in proportion to them.
+func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.WindowMs = 500
+	w.publish("a", 1000, obs{running: 40, queue: f(0)})
+	w.publish("b", 1000, obs{running: 120, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 0, queue: f(0)})
+	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	w.set.Smoothing = 1
+	snap := w.build(2000)
+	b := 0
+	for turn := range uint64(4000) {
+		if snap.Pick("m", turn).Candidate.Site == "b" {
+			b++
+		}
+	}
+	// rates 40 and 120: b takes three quarters.
+	if b < 2800 || b > 3200 {
+		t.Errorf("b got %d of 4000, want about 3000", b)
+	}
+}

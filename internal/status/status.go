@@ -7,6 +7,7 @@ package status
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -22,6 +23,13 @@ type providerRow struct {
 	reason                 string
 }
 
+// routeRow is what a gateway believes of one site's provider.
+type routeRow struct {
+	site, cluster               string
+	rho, ceiling, weight, score *float64
+	picks                       float64
+}
+
 type peerRow struct {
 	peer                    string
 	up, lastSuccess, agesRj *float64
@@ -33,21 +41,51 @@ type Report struct {
 	peers     map[string]*peerRow
 	// gatewayAges is GatewayAgesRejected, when the page carries it.
 	gatewayAges *float64
+	routes      map[[2]string]*routeRow
+	shedding    []string
 }
 
 var wanted = expo.NewNameSet(signals.Ready, signals.ReadyEndpoints, signals.InFlight,
 	"grid_provider_readiness", "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected",
-	"grid_gateway_ages_rejected")
+	"grid_gateway_ages_rejected", "grid_route_site_rho", "grid_route_site_ceiling", "grid_route_site_weight",
+	"grid_route_site_score", "grid_route_decisions_total", "grid_route_shedding")
 
 // Parse reads a /metrics page.
 func Parse(body []byte) (*Report, error) {
-	r := &Report{providers: map[[2]string]*providerRow{}, peers: map[string]*peerRow{}}
+	r := &Report{providers: map[[2]string]*providerRow{}, peers: map[string]*peerRow{}, routes: map[[2]string]*routeRow{}}
 	_, err := expo.Scan(body, wanted.Has, func(s *expo.Sample) {
 		label := func(n string) string { v, _ := s.Label(n); return string(v) }
 		v := s.Value
 		switch name := string(s.Name); name {
 		case "grid_gateway_ages_rejected":
 			r.gatewayAges = &v
+		case "grid_route_shedding":
+			if v == 1 {
+				r.shedding = append(r.shedding, label("model"))
+			}
+		case "grid_route_site_rho", "grid_route_site_ceiling", "grid_route_site_weight", "grid_route_site_score", "grid_route_decisions_total":
+			site, cluster := label("site"), label("cluster")
+			if site == "" {
+				return // refusals
+			}
+			k := [2]string{site, cluster}
+			rr := r.routes[k]
+			if rr == nil {
+				rr = &routeRow{site: site, cluster: cluster}
+				r.routes[k] = rr
+			}
+			switch name {
+			case "grid_route_site_rho":
+				rr.rho = &v
+			case "grid_route_site_ceiling":
+				rr.ceiling = &v
+			case "grid_route_site_weight":
+				rr.weight = &v
+			case "grid_route_site_score":
+				rr.score = &v
+			default:
+				rr.picks += v
+			}
 		case "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected":
 			p := r.peer(label("peer"))
 			switch name {
@@ -100,6 +138,34 @@ func (r *Report) peer(name string) *peerRow {
 // Write prints the report as aligned tables that fit 80 columns.
 func (r *Report) Write(w io.Writer, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(r.routes) > 0 {
+		fmt.Fprintln(tw, "ROUTE\tPROVIDER\tRHO\tCEILING\tWEIGHT\tQUEUE\tPICKS")
+		rows := make([]*routeRow, 0, len(r.routes))
+		for _, rr := range r.routes {
+			rows = append(rows, rr)
+		}
+		sort.Slice(rows, func(i, j int) bool {
+			if rows[i].site != rows[j].site {
+				return rows[i].site < rows[j].site
+			}
+			return rows[i].cluster < rows[j].cluster
+		})
+		for _, rr := range rows {
+			score := num(rr.score)
+			if rr.score != nil && math.IsNaN(*rr.score) {
+				score = "excluded"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", rr.site, rr.cluster, num2(rr.rho), num(rr.ceiling), num(rr.weight), score, rr.picks)
+		}
+		if len(r.shedding) > 0 {
+			sort.Strings(r.shedding)
+			fmt.Fprintf(tw, "\nSHEDDING\t%s\n", strings.Join(r.shedding, ", "))
+		}
+		if len(r.providers) == 0 && len(r.peers) == 0 {
+			return tw.Flush()
+		}
+		fmt.Fprintln(tw)
+	}
 	fmt.Fprintln(tw, "SITE\tPROVIDER\tREADY\tENDPOINTS\tIN-FLIGHT\tVERDICT")
 	rows := make([]*providerRow, 0, len(r.providers))
 	for _, p := range r.providers {
@@ -153,10 +219,17 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 }
 
 func num(v *float64) string {
-	if v == nil {
+	if v == nil || math.IsNaN(*v) {
 		return "-"
 	}
 	return strings.TrimSuffix(fmt.Sprintf("%.1f", *v), ".0")
+}
+
+func num2(v *float64) string {
+	if v == nil || math.IsNaN(*v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
 }
 
 func dash(s string) string {

@@ -37,3 +37,31 @@ grid_gateway_ages_rejected 1
 		}
 	}
 }
+
+func TestGatewayReport(t *testing.T) {
+	page := `grid_route_site_rho{cluster="east-pool",site="east"} 0.5
+grid_route_site_ceiling{cluster="east-pool",site="east"} 16
+grid_route_site_weight{cluster="east-pool",site="east"} 16
+grid_route_site_score{cluster="east-pool",site="east"} 0
+grid_route_site_score{cluster="west-pool",site="west"} NaN
+grid_route_site_rho{cluster="west-pool",site="west"} NaN
+grid_route_decisions_total{cluster="east-pool",reason="routed",site="east"} 12
+grid_route_decisions_total{cluster="",reason="shed",site=""} 3
+grid_route_shedding{model="m"} 1
+`
+	r, err := Parse([]byte(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	r.Write(&out, time.Now())
+	s := out.String()
+	for _, want := range []string{"ROUTE", "east-pool", "0.50", "16", "12", "excluded", "SHEDDING", "m"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "SITE  PROVIDER  READY") {
+		t.Errorf("a gateway page printed the operator table:\n%s", s)
+	}
+}
