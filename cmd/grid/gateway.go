@@ -7,10 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
@@ -77,7 +74,15 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	goRun(func() { gw.Run(runCtx) })
 	goRun(func() { id.Run(runCtx, identity.ReloadInterval) })
-	goRun(func() { reloadGatewayOnHUP(runCtx, *file, gw, e) })
+	goRun(func() {
+		reloadOnHUP(runCtx, *file, func() error {
+			next, err := config.LoadGateway(*file)
+			if err != nil {
+				return err
+			}
+			return gw.Reload(next)
+		}, gw.CountReload, e)
+	})
 	errs := make(chan error, len(servers))
 	for name, srv := range servers {
 		goRun(func() { errs <- serveUntilDone(runCtx, srv, listeners[name], e, *drain) })
@@ -90,27 +95,4 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	cancel()
 	wg.Wait()
 	return first
-}
-
-func reloadGatewayOnHUP(ctx context.Context, file string, gw *gateway.Gateway, e *env) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-		}
-		next, err := config.LoadGateway(file)
-		if err == nil {
-			err = gw.Reload(next)
-		}
-		gw.CountReload(err == nil)
-		if err != nil {
-			e.log.Error("configuration reload rejected; keeping the running configuration", "file", file, "err", err)
-			continue
-		}
-		e.log.Info("configuration reloaded", "file", file)
-	}
 }

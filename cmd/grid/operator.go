@@ -71,7 +71,15 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	var wg sync.WaitGroup
 	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	goRun(func() { op.Run(runCtx) })
-	goRun(func() { reloadOnHUP(runCtx, *file, op, e) })
+	goRun(func() {
+		reloadOnHUP(runCtx, *file, func() error {
+			next, err := config.LoadOperator(*file)
+			if err != nil {
+				return err
+			}
+			return op.Reload(next)
+		}, op.CountReload, e)
+	})
 	var signalsErr error
 	if id != nil {
 		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
@@ -93,9 +101,10 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	return err
 }
 
-// reloadOnHUP re-reads the configuration on SIGHUP. The file is validated
-// whole first; a rejected reload changes nothing and is logged and counted.
-func reloadOnHUP(ctx context.Context, file string, op *operator.Operator, e *env) {
+// reloadOnHUP calls apply on every SIGHUP until ctx ends. apply re-reads
+// and validates the whole file before changing anything, so a rejected
+// reload changes nothing; each result is counted and logged.
+func reloadOnHUP(ctx context.Context, file string, apply func() error, count func(applied bool), e *env) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -105,15 +114,12 @@ func reloadOnHUP(ctx context.Context, file string, op *operator.Operator, e *env
 			return
 		case <-hup:
 		}
-		next, err := config.LoadOperator(file)
-		if err == nil {
-			err = op.Reload(next)
-		}
-		op.CountReload(err == nil)
+		err := apply()
+		count(err == nil)
 		if err != nil {
 			e.log.Error("configuration reload rejected; keeping the running configuration", "file", file, "err", err)
 			continue
 		}
-		e.log.Info("configuration reloaded", "file", file, "providers", len(next.Providers))
+		e.log.Info("configuration reloaded", "file", file)
 	}
 }

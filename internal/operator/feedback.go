@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
@@ -136,15 +135,7 @@ func (g *gatewayReports) Rejected() []string {
 // Local caller only) and acknowledges it with 204 echoing epoch and
 // sequence.
 func (o *Operator) serveFeedback(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
-	}
-	if o.id.Classify(r.TLS).Class != identity.Local {
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusForbidden)
-		w.Write([]byte(refusedBody))
+	if !o.localOnly(http.MethodPost, w, r) {
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, signals.MaxFeedbackBytes+1))

@@ -48,10 +48,7 @@ func (o *Operator) SignalsHandler() http.Handler {
 		caller := o.id.Classify(r.TLS)
 		local := caller.Class == identity.Local
 		if !local && !(caller.Class == identity.Peer && o.isPeer(caller.Site)) {
-			w.Header().Set("Connection", "close")
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.WriteHeader(http.StatusForbidden)
-			w.Write([]byte(refusedBody))
+			forbid(w)
 			return
 		}
 		q := r.URL.Query()
@@ -175,17 +172,33 @@ type ServingPeer struct {
 	Gateway string `json:"gateway,omitempty"`
 }
 
-// serveServing answers the Local caller only.
-func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
+// forbid answers a refused caller: one fixed body whatever the cause, and
+// the connection is not kept.
+func forbid(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusForbidden)
+	w.Write([]byte(refusedBody))
+}
+
+// localOnly admits one method from this site's own gateway (the Local
+// caller) and refuses everything else.
+func (o *Operator) localOnly(method string, w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != method {
+		w.Header().Set("Allow", method)
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
+		return false
 	}
 	if o.id.Classify(r.TLS).Class != identity.Local {
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusForbidden)
-		w.Write([]byte(refusedBody))
+		forbid(w)
+		return false
+	}
+	return true
+}
+
+// serveServing answers the Local caller only.
+func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
+	if !o.localOnly(http.MethodGet, w, r) {
 		return
 	}
 	cfg := o.cfg.Load()
