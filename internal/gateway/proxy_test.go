@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+func TestBodyLimitsAndModel(t *testing.T) {
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		name, body string
+		header     string
+		status     int
+		code       string
+	}{
+		{"too large", `{"model":"m","x":"` + strings.Repeat("a", maxBody) + `"}`, "", 413, "request_too_large"},
+		{"no model", `{"messages":[]}`, "", 400, "model_required"},
+		{"not JSON, no header", `hello`, "", 400, "model_required"},
+		{"header names an unknown model", `{"model":"` + sim.DefaultModel + `"}`, "other", 404, "model_not_found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(tc.body))
+			if tc.header != "" {
+				req.Header.Set("X-Model", tc.header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.code) || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%d %s", resp.StatusCode, b)
+			}
+		})
+	}
+}
+
+// TestRetryOnRefusedConnection: a provider that refuses connections costs
+// no request: it is tried once elsewhere and marked down.
+func TestRetryOnRefusedConnection(t *testing.T) {
+	s, _ := sim.New(sim.Options{Kind: sim.KindVLLM})
+	good := httptest.NewServer(s.Handler())
+	defer good.Close()
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	g := benchGateway(t, good.URL)
+	defer g.Close()
+	g.serving.Store(&operator.Serving{Site: "east", Providers: []operator.ServingProvider{
+		{Name: "dead", Model: sim.DefaultModel, Upstream: dead},
+		{Name: "good", Model: sim.DefaultModel, Upstream: good.URL},
+	}})
+	g.refresh()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	for range 20 {
+		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+sim.DefaultModel+`","max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Grid-Backend") != "good" {
+			t.Fatalf("status %d backend %q", resp.StatusCode, resp.Header.Get("X-Grid-Backend"))
+		}
+	}
+	if n := testutil.ToFloat64(g.m.retries); n < 1 {
+		t.Errorf("retries %v: the dead provider was never tried", n)
+	}
+	g.refresh() // the next snapshot demotes the dead provider
+	for _, c := range g.builder.Current().Candidates {
+		if c.Provider == "dead" && c.Score == c.Score {
+			t.Errorf("dead provider not demoted: score %v", c.Score)
+		}
+	}
+}
+
+func TestHopRefusesNonPeers(t *testing.T) {
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	// Without a verified peer certificate (here: no TLS at all) the hop
+	// handler refuses.
+	srv := httptest.NewServer(g.HopHandler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+}
