@@ -34,7 +34,7 @@ type env struct {
 var commands = map[string]command{
 	"operator": {"run the site operator: scrape backends, publish and poll load signals", runOperator},
 	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", runGateway},
-	"demo":     {"run a whole grid on loopback with a load generator and a live view", notYet("demo")},
+	"demo":     {"run a whole grid on loopback with a load generator and a live view", runDemo},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
 	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},
 	"status":   {"show what an operator or gateway currently believes about the sites", runStatus},
@@ -44,8 +44,6 @@ var commands = map[string]command{
 // errUsage marks a command-line mistake: exit status 2.
 var errUsage = errors.New("usage")
 
-// errNotImplemented marks a subcommand a later release fills: exit status 2.
-var errNotImplemented = errors.New("not yet implemented")
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -91,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage), errors.Is(err, errNotImplemented):
+	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "grid %s: %v\n", name, err)
 		return 2
 	default:
@@ -114,12 +112,6 @@ func usage(w io.Writer, global *flag.FlagSet) {
 	fmt.Fprintf(w, "\nRun 'grid <command> --help' for a command's flags.\n\nGlobal flags:\n")
 	global.SetOutput(w)
 	global.PrintDefaults()
-}
-
-func notYet(name string) func(context.Context, []string, *env) error {
-	return func(context.Context, []string, *env) error {
-		return fmt.Errorf("%w (the %s arrives with a later release)", errNotImplemented, name)
-	}
 }
 
 func runVersion(_ context.Context, _ []string, e *env) error {

@@ -27,7 +27,7 @@ func TestExitCodes(t *testing.T) {
 		{nil, 2, "Commands:"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
 		{[]string{"--log-level", "loud", "version"}, 2, "log level"},
-		{[]string{"demo"}, 2, "not yet implemented"},
+		{[]string{"demo", "--sites", "9"}, 1, "--sites must be between 1 and 3"},
 		{[]string{"sim", "--kind", "triton"}, 2, `sim kind "triton"`},
 		{[]string{"sim", "--no-such-flag"}, 2, "no-such-flag"},
 		{[]string{"operator", "--config", "/nonexistent.yaml"}, 1, "read config"},

@@ -350,3 +350,6 @@ func (g *Gateway) waitFirst(ctx context.Context) {
 	case <-ctx.Done():
 	}
 }
+
+// Snapshot is the current routing snapshot, for views such as the demo's.
+func (g *Gateway) Snapshot() *route.Snapshot { return g.builder.Current() }

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/grid-inference/grid/internal/demo"
+)
+
+func runDemo(ctx context.Context, args []string, e *env) error {
+	fs := newFlagSet("demo", e)
+	var o demo.Options
+	fs.DurationVar(&o.Duration, "duration", 0, "end after this long and print a summary (0: until Ctrl-C)")
+	fs.IntVar(&o.Sites, "sites", 3, "how many sites (1 to 3)")
+	fs.Float64Var(&o.Rate, "rate", 0, "requests per second (0: 70% of the grid's capacity)")
+	fs.BoolVar(&o.NoStory, "no-story", false, "skip the scripted burst, outage and overload")
+	verbose := fs.Bool("verbose", false, "log what every component does (to stderr, under the view)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	o.Out = e.stdout
+	o.Log = slog.New(slog.DiscardHandler)
+	if *verbose {
+		o.Log = e.log
+	}
+	return demo.Run(ctx, o)
+}

@@ -1,0 +1,51 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestDemoRunsAndCleansUp runs a short demo: requests are served, the view
+// fits 80 columns, and nothing is left behind (goroutines, temp dirs).
+func TestDemoRunsAndCleansUp(t *testing.T) {
+	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "grid-demo-*"))
+	var out bytes.Buffer
+	err := Run(context.Background(), Options{Duration: 6 * time.Second, Sites: 2, NoStory: true, Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	m := regexp.MustCompile(`requests: (\d+) served`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("no summary:\n%s", s)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < 50 {
+		t.Errorf("only %d requests served in 6s:\n%s", n, s)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if len([]rune(line)) > 80 && !strings.Contains(line, "http://") {
+			t.Errorf("view line wider than 80 columns: %q", line)
+		}
+	}
+	after, _ := filepath.Glob(filepath.Join(os.TempDir(), "grid-demo-*"))
+	if len(after) > len(before) {
+		t.Errorf("temporary directories left: %v", after)
+	}
+}
+
+func TestDemoRejectsBadSites(t *testing.T) {
+	if err := Run(context.Background(), Options{Sites: 4}); err == nil {
+		t.Error("accepted 4 sites")
+	}
+}
