@@ -397,7 +397,7 @@ func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<
 		say(fmt.Sprintf("burst: another client fills %s (the biggest site) directly for 15s", big.Spec.Name))
 		burst, stop := context.WithTimeout(ctx, 15*time.Second)
 		var wg sync.WaitGroup
-		for range 2 * big.Slots() {
+		for range big.Slots() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
