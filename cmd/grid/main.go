@@ -44,7 +44,6 @@ var commands = map[string]command{
 // errUsage marks a command-line mistake: exit status 2.
 var errUsage = errors.New("usage")
 
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
