@@ -59,6 +59,9 @@ type Candidate struct {
 	Capacity float64
 	Ceiling  float64
 	Rho      float64
+	// RawRho is the latest reading's saturation before smoothing: room is
+	// decided from it (docs/routing.md).
+	RawRho   float64
 	Full     Tri
 	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
@@ -296,7 +299,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now 
 	}
 	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
 	c.Measured = true
-	c.Capacity, c.Ceiling, c.Rho = effective, effective, rho
+	c.Capacity, c.Ceiling, c.Rho, c.RawRho = effective, effective, rho, raw
 }
 
 func clamp01(x float64) float64 { return max(0, min(1, x)) }
