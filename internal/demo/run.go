@@ -81,7 +81,7 @@ func Run(ctx context.Context, o Options) error {
 		fmt.Fprintf(o.Out, "  %-8s %-7s %2d×%d slots  gateway %s  metrics %s/metrics  operator %s/metrics\n",
 			s.Spec.Name, s.Spec.Kind, s.Spec.Endpoints, s.Spec.Slots, s.ClientURL, s.MetricsURL, s.OperatorMetricsURL)
 	}
-	fmt.Fprintln(o.Out)
+	fmt.Fprintf(o.Out, "dashboard: %s/ui\n\n", entry.MetricsURL)
 
 	st := newStats()
 	lg := &loadGen{url: entry.ClientURL + "/v1/chat/completions", stats: st, rate: atomicFloat(rate)}
@@ -280,7 +280,8 @@ func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Durat
 		b.WriteString("\033[H\033[2J")
 	}
 	entry := g.Sites[0]
-	fmt.Fprintf(&b, "grid demo  t=%3.0fs  load %3.0f req/s into %s  (Ctrl-C stops)\n\n", elapsed.Seconds(), rate, entry.Spec.Name)
+	fmt.Fprintf(&b, "grid demo  t=%3.0fs  load %3.0f req/s into %s  (Ctrl-C stops)\n", elapsed.Seconds(), rate, entry.Spec.Name)
+	fmt.Fprintf(&b, "dashboard %s/ui\n\n", entry.MetricsURL)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "SITE\tSLOTS\tSTATE\tIN-FLIGHT\tCEILING\tRHO\tPICKS\tTTFT p50\tp99\t")
 	snap := entry.Gateway.Snapshot()

@@ -26,23 +26,21 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func freeAddr(t *testing.T) string {
+// listenAny opens a loopback listener and keeps it open until it is
+// served, so no other test can take its port in between.
+func listenAny(t *testing.T) (net.Listener, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Cleanup(func() { l.Close() })
+	return l, l.Addr().String()
 }
 
-// serve runs h on addr (over TLS when conf is set) until the test ends.
-func serve(t *testing.T, addr string, h http.Handler, conf *tls.Config) {
+// serve runs h on ln (over TLS when conf is set) until the test ends.
+func serve(t *testing.T, ln net.Listener, h http.Handler, conf *tls.Config) {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if conf != nil {
 		ln = tls.NewListener(ln, conf)
 	}
@@ -53,6 +51,7 @@ func serve(t *testing.T, addr string, h http.Handler, conf *tls.Config) {
 
 // site is a whole site: a sim, an operator and a gateway.
 type site struct {
+	lns                       map[string]net.Listener
 	name                      string
 	sim                       *sim.Sim
 	simURL                    string
@@ -76,7 +75,13 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 	sites := map[string]*site{}
 	for _, n := range []string{"east", "west"} {
 		identity.Issue(dir, n, nil, time.Now())
-		s := &site{name: n, client: freeAddr(t), hop: freeAddr(t), signals: freeAddr(t), met: freeAddr(t)}
+		s := &site{name: n, lns: map[string]net.Listener{}}
+		for _, p := range []struct {
+			key  string
+			addr *string
+		}{{"client", &s.client}, {"hop", &s.hop}, {"signals", &s.signals}, {"metrics", &s.met}} {
+			s.lns[p.key], *p.addr = listenAny(t)
+		}
 		sm, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: spec.slots[n], TTFT: 20 * time.Millisecond, TPOT: 20 * time.Millisecond, RefreshInterval: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -112,10 +117,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if s.op, err = operator.New(opCfg, state, operator.Options{Identity: id}); err != nil {
 			t.Fatal(err)
 		}
-		ln, err := net.Listen("tcp", s.signals)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := s.lns["signals"]
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		wg.Add(3)
@@ -145,8 +147,8 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		gctx, gcancel := context.WithCancel(context.Background())
 		gdone := make(chan struct{})
 		go func() { s.gw.Run(gctx); close(gdone) }()
-		serve(t, s.client, s.gw.ClientHandler(), nil)
-		serve(t, s.hop, s.gw.HopHandler(), id.ServerTLS())
+		serve(t, s.lns["client"], s.gw.ClientHandler(), nil)
+		serve(t, s.lns["hop"], s.gw.HopHandler(), id.ServerTLS())
 		t.Cleanup(func() { gcancel(); <-gdone; s.gw.Close() })
 	}
 	return sites

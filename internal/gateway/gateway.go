@@ -74,6 +74,7 @@ type Gateway struct {
 	health    *health
 	upstreams *upstreams
 	rep       *reporter
+	picks     picks
 }
 
 // New builds a gateway from a validated configuration.
@@ -101,6 +102,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		first:    make(chan struct{}),
 		health:   newHealth(opts.Clock),
 		rep:      newReporter(),
+		picks:    picks{n: map[string]uint64{}},
 	}
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity)
@@ -112,17 +114,22 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	return g, nil
 }
 
-// Settings turns the configuration into route settings.
-func settings(cfg *config.Gateway) route.Settings {
+// settings turns the configuration and the operator's serving document
+// into route settings.
+func settings(cfg *config.Gateway, serving *operator.Serving) route.Settings {
 	a := cfg.Availability
 	s := route.Settings{
 		Shedding: a.Shedding, Smoothing: *a.Smoothing, CeilingHalfLifeMs: float64(*a.CeilingHalfLifeMs),
 		CeilingFloor: *a.CeilingFloor, ExploreFloor: *a.ExploreFloor, FullAfterMs: *a.FullAfterMs,
 		RoomAfterMs: *a.RoomAfterMs, QueueFull: *a.QueueFull, SingleCeiling: a.CeilingModel == config.CeilingSingle,
 	}
-	// The load window covers a peer's poll, a scrape, a timeout and a local
-	// poll: long enough to hold the latest reading of every site.
-	s.WindowMs = (5*time.Second + time.Second + 2*time.Second + cfg.PollInterval.D()).Milliseconds()
+	// The load window must hold the latest reading of every site; the
+	// operator knows its intervals and says how long that is. Before its
+	// first document, assume the default intervals.
+	s.WindowMs = (2*config.DefaultPeerPollInterval + config.DefaultScrapeInterval + config.DefaultPeerTimeout).Milliseconds()
+	if serving != nil && serving.LoadWindowMs > 0 {
+		s.WindowMs = serving.LoadWindowMs
+	}
 	return s
 }
 
@@ -322,7 +329,7 @@ func (g *Gateway) topology() []route.Candidate {
 // refresh rebuilds the snapshot and the hop view, and publishes gauges.
 func (g *Gateway) refresh() {
 	cfg := g.cfg.Load()
-	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, settings(cfg))
+	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, settings(cfg, g.serving.Load()))
 	g.local.Store(localView(snap))
 	g.m.publish(snap)
 }

@@ -141,6 +141,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 			g.m.selections.WithLabelValues(pick.Path.String()).Inc()
 		}
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
+		g.picks.add(c.Site)
 		retry := g.forward(w, r, body, c)
 		if !retry {
 			return

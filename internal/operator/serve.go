@@ -154,9 +154,13 @@ const ServingPath = "/v1/site/serving"
 // in it comes from this operator's configuration, never from a peer: a peer
 // can describe its own load, not redirect traffic.
 type Serving struct {
-	Site      string            `json:"site"`
-	Providers []ServingProvider `json:"providers"`
-	Peers     []ServingPeer     `json:"peers"`
+	Site string `json:"site"`
+	// LoadWindowMs is how far back the gateway reads load: long enough to
+	// hold the latest reading of every site, peer poll + scrape + poll
+	// timeout + peer poll, as the reference's operator computes it.
+	LoadWindowMs int64             `json:"loadWindowMs"`
+	Providers    []ServingProvider `json:"providers"`
+	Peers        []ServingPeer     `json:"peers"`
 }
 
 // ServingProvider is one local provider.
@@ -202,7 +206,8 @@ func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := o.cfg.Load()
-	doc := Serving{Site: cfg.Site, Providers: []ServingProvider{}, Peers: []ServingPeer{}}
+	doc := Serving{Site: cfg.Site, Providers: []ServingProvider{}, Peers: []ServingPeer{},
+		LoadWindowMs: (2*cfg.PeerPollInterval.D() + cfg.ScrapeInterval.D() + cfg.PeerPoll.Timeout.D()).Milliseconds()}
 	for _, p := range cfg.Providers {
 		doc.Providers = append(doc.Providers, ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
 	}

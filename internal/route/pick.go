@@ -108,11 +108,7 @@ func (s *Snapshot) Pick(model string, turn uint64) Pick {
 	var room [MaxSites]int32
 	nr := 0
 	for _, i := range healthy[:nh] {
-		// Room is decided from the raw reading as well: smoothed with 0.3
-		// towards 1, rho converges to 0.99999999999999956 and never equals
-		// 1, so a test of the smoothed value alone would never take a
-		// saturated site out of the room band.
-		if c := &s.Candidates[i]; c.Measured && c.Rho < 1 && c.RawRho < 1 {
+		if c := &s.Candidates[i]; c.Measured && c.Rho < 1 {
 			room[nr] = i
 			nr++
 		}

@@ -493,36 +493,3 @@ func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
 		t.Errorf("b got %d of 4000, want about 3000", b)
 	}
 }
-
-// TestSaturatedForMinutesLosesRoom: at the default smoothing, a site held at
-// its ceiling for minutes leaves the room band; smoothed rho alone never
-// reaches 1 (it converges to 0.99999999999999956).
-func TestSaturatedForMinutesLosesRoom(t *testing.T) {
-	w := newWorld(t, "a", "b")
-	w.set.WindowMs = 1500
-	var snap *Snapshot
-	for i := range 300 { // five minutes of one-second polls
-		ts := int64(1000 + i*1000)
-		aLoad := 40.0
-		if i > 0 && i < 5 {
-			aLoad = 10 // a idles briefly, then runs flat out for minutes
-		}
-		w.publish("a", ts, obs{running: aLoad, queue: f(0)})
-		bLoad := 10.0
-		if i == 0 {
-			bLoad = 40 // b has shown it can hold 40
-		}
-		w.publish("b", ts, obs{running: bLoad, queue: f(0)})
-		snap = w.build(ts)
-	}
-	// a taught 40 and holds 40: raw rho 1, smoothed rho just below 1. b has
-	// room.
-	if a := find(snap, "a"); a.RawRho != 1 || a.Rho >= 1 {
-		t.Fatalf("a raw rho %v, rho %v", a.RawRho, a.Rho)
-	}
-	for turn := range uint64(1000) {
-		if p := snap.Pick("m", turn); p.Candidate.Site != "b" || p.Path != PathLone {
-			t.Fatalf("picked %s by %v: a saturated site kept its room", p.Candidate.Site, p.Path)
-		}
-	}
-}

@@ -61,7 +61,9 @@ type Candidate struct {
 	Rho      float64
 	// RawRho is the latest reading's saturation before smoothing: room is
 	// decided from it (docs/routing.md).
-	RawRho   float64
+	RawRho float64
+	// InFlight is the reading's in-flight count the rho was computed from.
+	InFlight float64
 	Full     Tri
 	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
@@ -299,7 +301,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now 
 	}
 	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
 	c.Measured = true
-	c.Capacity, c.Ceiling, c.Rho, c.RawRho = effective, effective, rho, raw
+	c.Capacity, c.Ceiling, c.Rho, c.RawRho, c.InFlight = effective, effective, rho, raw, r.InFlight.V
 }
 
 func clamp01(x float64) float64 { return max(0, min(1, x)) }

@@ -1,0 +1,48 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+func TestSnapshotJSONAndUI(t *testing.T) {
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	const now = 1_000_000
+	g.store.Ingest([]byte(strings.Join([]string{
+		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
+		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
+		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
+	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
+	g.refresh()
+	g.picks.add("east")
+
+	rec := httptest.NewRecorder()
+	g.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/api/snapshot", nil))
+	var v SnapshotView
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body.String())
+	}
+	if v.Site != "east" || len(v.Sites) != 1 || v.Picks["east"] != 1 {
+		t.Fatalf("view %+v", v)
+	}
+	c := v.Sites[0]
+	if c.Model != sim.DefaultModel || !c.Ready || !c.Local || c.InFlight == nil || *c.InFlight != 12 || c.Ceiling == nil || c.Rho == nil {
+		t.Errorf("candidate %+v", c)
+	}
+	// Unmeasured values are null, never NaN (which JSON cannot carry).
+	if strings.Contains(rec.Body.String(), "NaN") {
+		t.Errorf("NaN in JSON: %s", rec.Body.String())
+	}
+
+	rec = httptest.NewRecorder()
+	g.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/ui", nil))
+	page := rec.Body.String()
+	if rec.Code != 200 || !strings.Contains(page, "api/snapshot") || strings.Contains(page, "http://") || strings.Contains(page, "https://") {
+		t.Errorf("/ui: %d, self-contained %v", rec.Code, !strings.Contains(page, "http"))
+	}
+}
