@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"sync"
 	"syscall"
 
@@ -202,7 +201,6 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			pr.SetXForwarded()
 			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 			pr.Out.ContentLength = int64(len(body))
-			pr.Out.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		},
 		Transport:     transport,
 		FlushInterval: -1,
