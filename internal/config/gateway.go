@@ -49,7 +49,16 @@ type Availability struct {
 	// with the KV-cache term) or "single" (the reference code's one decayed
 	// ceiling), kept so the two can be compared.
 	CeilingModel string `yaml:"ceiling_model"`
+	// Policy is "age-aware" (read each site's load through its age) or
+	// "reference" (the reference system's selection, exactly).
+	Policy string `yaml:"policy"`
 }
+
+// Selection policies.
+const (
+	PolicyAgeAware  = "age-aware"
+	PolicyReference = "reference"
+)
 
 // Ceiling models.
 const (
@@ -90,6 +99,7 @@ func (c *Gateway) applyDefaults() {
 	setPtr(&a.RoomAfterMs, DefaultRoomAfterMs)
 	setPtr(&a.QueueFull, DefaultQueueFull)
 	setString(&a.CeilingModel, CeilingBounds)
+	setString(&a.Policy, PolicyAgeAware)
 }
 
 // setPtr fills an optional knob whose zero is a meaningful setting (an

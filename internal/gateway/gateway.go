@@ -75,6 +75,34 @@ type Gateway struct {
 	upstreams *upstreams
 	rep       *reporter
 	picks     picks
+	durations durationEstimate
+}
+
+// durationEstimate is the mean duration of the requests this gateway
+// proxied, the unit in which the age-aware policy reads a reading's age. It
+// starts at 10 s, a typical LLM request, until requests are observed.
+type durationEstimate struct {
+	mu   sync.Mutex
+	mean float64 // ms; 0 until the first observation
+}
+
+func (d *durationEstimate) observe(ms float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mean == 0 {
+		d.mean = ms
+		return
+	}
+	d.mean += 0.02 * (ms - d.mean)
+}
+
+func (d *durationEstimate) meanMs() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mean == 0 {
+		return 10_000
+	}
+	return d.mean
 }
 
 // New builds a gateway from a validated configuration.
@@ -122,6 +150,7 @@ func settings(cfg *config.Gateway, serving *operator.Serving) route.Settings {
 		Shedding: a.Shedding, Smoothing: *a.Smoothing, CeilingHalfLifeMs: float64(*a.CeilingHalfLifeMs),
 		CeilingFloor: *a.CeilingFloor, ExploreFloor: *a.ExploreFloor, FullAfterMs: *a.FullAfterMs,
 		RoomAfterMs: *a.RoomAfterMs, QueueFull: *a.QueueFull, SingleCeiling: a.CeilingModel == config.CeilingSingle,
+		AgeAware: a.Policy == config.PolicyAgeAware,
 	}
 	// The load window must hold the latest reading of every site; the
 	// operator knows its intervals and says how long that is. Before its
@@ -329,7 +358,9 @@ func (g *Gateway) topology() []route.Candidate {
 // refresh rebuilds the snapshot and the hop view, and publishes gauges.
 func (g *Gateway) refresh() {
 	cfg := g.cfg.Load()
-	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, settings(cfg, g.serving.Load()))
+	set := settings(cfg, g.serving.Load())
+	set.MeanDurationMs = g.durations.meanMs()
+	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, set)
 	g.local.Store(localView(snap))
 	g.m.publish(snap)
 }

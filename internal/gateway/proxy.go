@@ -136,31 +136,41 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		reason := "routed"
 		if pick.Outcome == route.Fallback {
 			reason = "fallback"
-		} else {
+		} else if attempt == 0 {
 			g.m.selections.WithLabelValues(pick.Path.String()).Inc()
 		}
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
+		began := g.clk.Now()
 		retry := g.forward(w, r, body, c)
 		if !retry {
+			g.durations.observe(float64(g.clk.Now().Sub(began).Milliseconds()))
 			return
 		}
-		// Refused before any byte: once more, on another site.
+		// Refused before any byte: once more, on the best-ordered other
+		// candidate that is not known to be down.
 		tried = c
 		g.m.retries.Inc()
-		pick = route.Pick{}
-		for k := uint64(1); k < 8; k++ {
-			if p := snap.Pick(model, turn+k*0x9E3779B9); p.Candidate != nil && healthKey(p.Candidate) != healthKey(tried) {
-				pick = p
-				break
-			}
-		}
+		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, tried)}
 		if pick.Candidate == nil {
 			break
 		}
 	}
 	outcome = "upstream_error"
 	refuse(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "the chosen site could not be reached", true, turn)
+}
+
+// alternative is the first candidate in snapshot order, other than tried,
+// that serves model, is admitted and routable, and is not known to be down.
+func (g *Gateway) alternative(snap *route.Snapshot, model string, tried *route.Candidate) *route.Candidate {
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		if c.Model == model && c.Admission == route.NewAndExisting && c.Upstream != nil &&
+			healthKey(c) != healthKey(tried) && !g.health.isDown(c) {
+			return c
+		}
+	}
+	return nil
 }
 
 // refusePick answers a pick that carries no candidate and counts it.

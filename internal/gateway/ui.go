@@ -38,6 +38,11 @@ type CandidateView struct {
 	Weight   *float64 `json:"weight"`
 	Rho      *float64 `json:"rho"`
 	Full     *bool    `json:"full"`
+	// Predicted and Active are the age-aware policy's reading: the
+	// predicted present load over capacity, and whether the site is among
+	// those drawn from.
+	Predicted *float64 `json:"predicted,omitempty"`
+	Active    bool     `json:"active"`
 }
 
 // picks counts routed requests per site.
@@ -83,6 +88,10 @@ func (g *Gateway) View() SnapshotView {
 		if c.Measured {
 			cv.InFlight, cv.Ceiling, cv.Weight, cv.Rho = finite(c.InFlight), finite(c.Ceiling), finite(c.Capacity), finite(c.Rho)
 		}
+		if c.Measured {
+			cv.Predicted = finite(c.Predicted)
+		}
+		cv.Active = c.Active
 		if c.Full != route.Unknown {
 			full := c.Full == route.Yes
 			cv.Full = &full

@@ -35,10 +35,12 @@ const (
 	PathBetweenTwo
 	PathLone
 	PathByCapacity
+	// PathAgeAware: drawn from the active set of the age-aware policy.
+	PathAgeAware
 )
 
 func (p Path) String() string {
-	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity"}[p]
+	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware"}[p]
 }
 
 // Pick is a decision.
@@ -114,6 +116,16 @@ func (s *Snapshot) Pick(model string, turn uint64) Pick {
 		}
 	}
 	u0, u1 := unit(turn, salt0), unit(turn, salt1)
+	if s.ageAware {
+		// Read every healthy site's load through its age. The active set
+		// is the guarantee: a site predicted above the common level is not
+		// drawn while one below it exists. A "full" flag is not consulted:
+		// it latches over the settling window, and excluding on it herds
+		// (measured in internal/routesim).
+		if i := s.pickAgeAware(healthy[:nh], u0, u1); i >= 0 {
+			return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: &s.Candidates[i]}
+		}
+	}
 	switch {
 	case nr >= 3:
 		first := s.weighted(room[:nr], -1, u0, capacityOr1)

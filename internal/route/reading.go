@@ -42,9 +42,13 @@ type Reading struct {
 	InFlight Opt
 	// CongestedInFlight is the same, over instants with a backlog only.
 	CongestedInFlight Opt
-	Queued            Opt
-	Held              Opt
-	DeepestQueue      Opt
+	// LatestInFlight is the in-flight count of the newest joined instant,
+	// and LatestAt that instant: what the age-aware policy starts from.
+	LatestInFlight Opt
+	LatestAt       int64
+	Queued         Opt
+	Held           Opt
+	DeepestQueue   Opt
 	// KV is the window-worst KV-cache mean plus its spread, 0..1.
 	KV Opt
 }
@@ -131,6 +135,7 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 		if !r.InFlight.OK || x.V > r.InFlight.V {
 			r.InFlight = x
 		}
+		r.LatestInFlight, r.LatestAt = x, lead.At
 		if q.V >= queueFull || h.V >= 1 {
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x

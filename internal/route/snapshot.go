@@ -64,6 +64,15 @@ type Candidate struct {
 	RawRho float64
 	// InFlight is the reading's in-flight count the rho was computed from.
 	InFlight float64
+	// Active marks a candidate the age-aware policy draws from: by the
+	// prediction of its present load, among the least loaded.
+	Active bool
+	// Predicted is the predicted present load over capacity.
+	Predicted float64
+	// own counts this gateway's sends to the candidate since its latest
+	// reading; shared by the snapshots that carry that reading.
+	own      *ownSends
+	latestAt int64
 	Full     Tri
 	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
@@ -89,6 +98,12 @@ type Settings struct {
 	// SingleCeiling selects the reference code's one decayed ceiling
 	// instead of the soft and hard bounds with the KV term.
 	SingleCeiling bool
+	// AgeAware selects the age-aware interpretation of the load board for
+	// sites with room (docs/routing.md); false keeps the reference arms.
+	AgeAware bool
+	// MeanDurationMs is the estimated mean request duration, the unit in
+	// which the age-aware policy reads a reading's age.
+	MeanDurationMs float64
 }
 
 // DefaultSettings are the reference defaults with a 5s load window.
@@ -101,6 +116,7 @@ var DefaultSettings = Settings{
 // else.
 type Snapshot struct {
 	Candidates []Candidate
+	ageAware   bool
 	// byModel lists, per model, candidate indexes in snapshot order.
 	byModel  map[string][]int32
 	Shedding map[string]bool
@@ -131,6 +147,12 @@ func (s *Snapshot) Models() []string {
 }
 
 // learned is what the builder carries across refreshes for one candidate.
+// ownSends counts a gateway's picks of one candidate since a reading.
+type ownSends struct {
+	n         atomic.Int64
+	readingAt int64
+}
+
 type learned struct {
 	soft       float64
 	hard       Opt
@@ -146,13 +168,14 @@ type learned struct {
 type Builder struct {
 	mu       sync.Mutex
 	learned  map[loadstore.Key]*learned
+	own      map[loadstore.Key]*ownSends
 	prevShed map[string]bool
 	current  atomic.Pointer[Snapshot]
 }
 
 // NewBuilder returns a builder whose current snapshot is empty.
 func NewBuilder() *Builder {
-	b := &Builder{learned: map[loadstore.Key]*learned{}, prevShed: map[string]bool{}}
+	b := &Builder{learned: map[loadstore.Key]*learned{}, own: map[loadstore.Key]*ownSends{}, prevShed: map[string]bool{}}
 	b.current.Store(&Snapshot{byModel: map[string][]int32{}, Shedding: map[string]bool{}})
 	return b
 }
@@ -198,6 +221,10 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	}
 	snap := NewSnapshot(cands, nil, now)
 	b.shed(snap, set)
+	if set.AgeAware {
+		snap.ageAware = true
+		b.interpret(snap, now, set)
+	}
 	b.current.Store(snap)
 	return snap
 }
@@ -302,6 +329,10 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now 
 	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
 	c.Measured = true
 	c.Capacity, c.Ceiling, c.Rho, c.RawRho, c.InFlight = effective, effective, rho, raw, r.InFlight.V
+	if r.LatestInFlight.OK {
+		c.latestAt = r.LatestAt
+		c.Predicted = r.LatestInFlight.V // interpreted against its age later
+	}
 }
 
 func clamp01(x float64) float64 { return max(0, min(1, x)) }

@@ -1,0 +1,130 @@
+package route
+
+import (
+	"math"
+	"sort"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+)
+
+// interpret reads every candidate's load through its age (docs/routing.md,
+// after Dahlin, "Interpreting stale load information", 2000): a reading of
+// age a is not the present. Each site drains from its reading as its busy
+// slots complete, while the grid's arrivals flow to the least-loaded sites
+// in proportion to their capacity, raising them together. The sites whose
+// predicted load has reached the common level form the active set; a
+// request draws among them. A fresh board makes this join-the-shortest-
+// queue; an old one makes it weighted random by capacity, which is right
+// when the board says nothing any more. Randomising inside the active set is
+// what keeps gateways from herding.
+func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
+	d := set.MeanDurationMs
+	if d <= 0 {
+		d = 10_000
+	}
+	for _, idx := range snap.byModel {
+		var group []*Candidate
+		for _, i := range idx {
+			c := &snap.Candidates[i]
+			if c.Admission != NewAndExisting || math.IsNaN(c.Score) || !c.Measured || c.latestAt == 0 {
+				continue
+			}
+			group = append(group, c)
+		}
+		if len(group) == 0 {
+			continue
+		}
+		// The grid's arrival rate, in requests per mean duration, is what its
+		// busy slots complete in steady state.
+		var busy, meanAge, capSum float64
+		for _, c := range group {
+			busy += math.Min(c.Predicted, c.Capacity)
+			meanAge += float64(max(now-c.latestAt, 0)) / d * c.Capacity
+			capSum += c.Capacity
+		}
+		meanAge /= capSum
+		arrivals := busy * meanAge
+		for _, c := range group {
+			c.Predicted = drain(c.Predicted/c.Capacity, float64(max(now-c.latestAt, 0))/d)
+		}
+		level := waterLevel(group, arrivals)
+		for _, c := range group {
+			c.Active = c.Predicted <= level+1e-9
+			c.own = b.ownFor(c)
+		}
+	}
+}
+
+// drain predicts a load (in-flight over capacity) age mean durations later
+// with no arrivals: a queue drains at the full service rate, then busy slots
+// complete exponentially.
+func drain(load, age float64) float64 {
+	if load > 1 {
+		if age <= load-1 {
+			return load - age
+		}
+		age -= load - 1
+		load = 1
+	}
+	return load * math.Exp(-age)
+}
+
+// waterLevel pours arrivals into the sites from the least loaded up, each
+// absorbing its capacity per unit of level, and returns the level reached.
+func waterLevel(group []*Candidate, arrivals float64) float64 {
+	sorted := append([]*Candidate(nil), group...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Predicted < sorted[j].Predicted })
+	var capSum, weighted float64
+	level := sorted[0].Predicted
+	for k, c := range sorted {
+		capSum += c.Capacity
+		weighted += c.Capacity * c.Predicted
+		level = (arrivals + weighted) / capSum
+		if k+1 == len(sorted) || level <= sorted[k+1].Predicted {
+			break
+		}
+	}
+	return level
+}
+
+// ownFor returns the candidate's own-sends counter, starting a new one when
+// a newer reading arrived (the reading now includes those sends).
+func (b *Builder) ownFor(c *Candidate) *ownSends {
+	k := loadstore.Key{Site: c.Site, Provider: c.Provider}
+	o := b.own[k]
+	if o == nil || o.readingAt != c.latestAt {
+		o = &ownSends{readingAt: c.latestAt}
+		b.own[k] = o
+	}
+	return o
+}
+
+// pickAgeAware draws two active candidates by capacity and takes the one
+// with the lower predicted load after this gateway's own sends since its
+// reading. It returns -1 when no healthy candidate is active.
+func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
+	var active [MaxSites]int32
+	n := 0
+	for _, i := range healthy {
+		if s.Candidates[i].Active && s.Candidates[i].own != nil {
+			active[n] = i
+			n++
+		}
+	}
+	if n == 0 {
+		return -1
+	}
+	first := s.weighted(active[:n], -1, u0, capacityOr1)
+	second := s.weighted(active[:n], first, u1, capacityOr1)
+	pick := first
+	if second >= 0 && s.load(second) < s.load(first) {
+		pick = second
+	}
+	s.Candidates[pick].own.n.Add(1)
+	return pick
+}
+
+func (s *Snapshot) load(i int32) float64 {
+	c := &s.Candidates[i]
+	return c.Predicted + float64(c.own.n.Load())/c.Capacity
+}

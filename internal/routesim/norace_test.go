@@ -1,0 +1,5 @@
+//go:build !race
+
+package routesim
+
+const raceEnabled = false
