@@ -439,14 +439,42 @@ func TestRefusals(t *testing.T) {
 }
 
 func TestPickAllocatesNothing(t *testing.T) {
-	w := newWorld(t, "a", "b", "c", "d")
-	for i, s := range []string{"a", "b", "c", "d"} {
-		w.publish(s, 1000, obs{running: float64(i), queue: f(0)})
+	for _, ageAware := range []bool{false, true} {
+		w := newWorld(t, "a", "b", "c", "d")
+		w.set.AgeAware, w.set.WindowMs = ageAware, 5000
+		for i, s := range []string{"a", "b", "c", "d"} {
+			w.publish(s, 1000, obs{running: float64(i), queue: f(0)})
+		}
+		snap := w.build(2000)
+		turn := uint64(0)
+		var path Path
+		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn).Path }); n != 0 {
+			t.Errorf("age-aware %v: Pick allocates %v times", ageAware, n)
+		}
+		if ageAware && path != PathAgeAware {
+			t.Errorf("age-aware pick took path %v", path)
+		}
 	}
-	snap := w.build(1000)
-	turn := uint64(0)
-	if n := testing.AllocsPerRun(1000, func() { turn++; snap.Pick("m", turn) }); n != 0 {
-		t.Errorf("Pick allocates %v times", n)
+}
+
+// TestAgeAwareReadsAge: a fresh reading is taken at its word (the least
+// loaded site is the only active one); an old one says little, so every site
+// becomes active and draws follow capacity.
+func TestAgeAwareReadsAge(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 1000, 60_000
+	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
+	w.publish("b", 1000, obs{running: 40, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 36, queue: f(0)})
+	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	fresh := w.build(2000)
+	if a, b := find(fresh, "a"), find(fresh, "b"); a.Active || !b.Active {
+		t.Errorf("fresh: a active %v, b active %v; want only b", a.Active, b.Active)
+	}
+	old := w.build(2000 + 20_000) // twenty mean durations later
+	if a, b := find(old, "a"), find(old, "b"); !a.Active || !b.Active {
+		t.Errorf("old: a active %v, b active %v; want both", a.Active, b.Active)
 	}
 }
 
