@@ -37,6 +37,7 @@ var commands = map[string]command{
 	"demo":     {"run a whole grid on loopback with a load generator and a live view", runDemo},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
 	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},
+	"bench":    {"measure routing policies under stale load readings (bench routing)", runBench},
 	"status":   {"show what an operator or gateway currently believes about the sites", runStatus},
 	"version":  {"print the version and build information", runVersion},
 }
