@@ -32,6 +32,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"sim", "--no-such-flag"}, 2, "no-such-flag"},
 		{[]string{"operator", "--config", "/nonexistent.yaml"}, 1, "read config"},
 		{[]string{"version"}, 0, ""},
+		{[]string{"bench"}, 2, "grid bench routing"},
 	}
 	for _, tc := range tests {
 		var out, errOut bytes.Buffer
