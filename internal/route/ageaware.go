@@ -36,16 +36,19 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 		}
 		// The grid's arrival rate, in requests per mean duration, is what its
 		// busy slots complete in steady state.
+		// Capacity here is the learned ceiling itself: the explore floor
+		// that lifts small sites' weights in the reference draws would
+		// overfill them here (measured in internal/routesim).
 		var busy, meanAge, capSum float64
 		for _, c := range group {
-			busy += math.Min(c.Predicted, c.Capacity)
-			meanAge += float64(max(now-c.latestAt, 0)) / d * c.Capacity
-			capSum += c.Capacity
+			busy += math.Min(c.Predicted, c.Ceiling)
+			meanAge += float64(max(now-c.latestAt, 0)) / d * c.Ceiling
+			capSum += c.Ceiling
 		}
 		meanAge /= capSum
 		arrivals := busy * meanAge
 		for _, c := range group {
-			c.Predicted = drain(c.Predicted/c.Capacity, float64(max(now-c.latestAt, 0))/d)
+			c.Predicted = drain(c.Predicted/c.Ceiling, float64(max(now-c.latestAt, 0))/d)
 		}
 		level := waterLevel(group, arrivals)
 		for _, c := range group {
@@ -77,8 +80,8 @@ func waterLevel(group []*Candidate, arrivals float64) float64 {
 	var capSum, weighted float64
 	level := sorted[0].Predicted
 	for k, c := range sorted {
-		capSum += c.Capacity
-		weighted += c.Capacity * c.Predicted
+		capSum += c.Ceiling
+		weighted += c.Ceiling * c.Predicted
 		level = (arrivals + weighted) / capSum
 		if k+1 == len(sorted) || level <= sorted[k+1].Predicted {
 			break
@@ -114,8 +117,8 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
 	if n == 0 {
 		return -1
 	}
-	first := s.weighted(active[:n], -1, u0, capacityOr1)
-	second := s.weighted(active[:n], first, u1, capacityOr1)
+	first := s.weighted(active[:n], -1, u0, ceiling)
+	second := s.weighted(active[:n], first, u1, ceiling)
 	pick := first
 	if second >= 0 && s.load(second) < s.load(first) {
 		pick = second
@@ -126,5 +129,8 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
 
 func (s *Snapshot) load(i int32) float64 {
 	c := &s.Candidates[i]
-	return c.Predicted + float64(c.own.n.Load())/c.Capacity
+	return c.Predicted + float64(c.own.n.Load())/c.Ceiling
 }
+
+// ceiling weighs an active candidate by its learned ceiling.
+func ceiling(c *Candidate) float64 { return c.Ceiling }
