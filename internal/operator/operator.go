@@ -120,48 +120,24 @@ func (o *Operator) Epoch() int64 { return o.state.Epoch }
 // Run scrapes every provider each interval until ctx ends. A pass that runs
 // long delays the next one; ticks never burst.
 func (o *Operator) Run(ctx context.Context) {
-	t := o.clk.NewTicker(o.cfg.Load().ScrapeInterval.D())
-	defer t.Stop()
-	interval := o.cfg.Load().ScrapeInterval.D()
-	for {
+	every(ctx, o.clk, func() time.Duration { return o.cfg.Load().ScrapeInterval.D() }, func() {
 		start := o.clk.Now()
 		o.Pass(ctx)
 		o.lastPass.Store(int64(o.clk.Now().Sub(start)))
 		o.passes.Add(1)
-		if d := o.cfg.Load().ScrapeInterval.D(); d != interval {
-			interval = d
-			t.Reset(d)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-	}
+	})
 }
 
 // Pass scrapes every provider once, at most scrapeConcurrency at a time, and
 // publishes each provider's batch as soon as its scrape ends, so one slow
 // provider delays no other's publication.
 func (o *Operator) Pass(ctx context.Context) {
-	sem := make(chan struct{}, o.cfg.Load().ScrapeConcurrency)
-	var wg sync.WaitGroup
+	var all []*provider
 	o.providers.Range(func(_, v any) bool {
-		p := v.(*provider)
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return false
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			o.scrape(ctx, p)
-		}()
+		all = append(all, v.(*provider))
 		return true
 	})
-	wg.Wait()
+	forEachBounded(ctx, o.cfg.Load().ScrapeConcurrency, all, func(p *provider) { o.scrape(ctx, p) })
 }
 
 // scrape reads one provider and publishes what it concludes.

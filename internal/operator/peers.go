@@ -166,21 +166,7 @@ func (pp *peerPoller) snapshot() []*peerState {
 
 // RunPeers polls every peer each peerPollInterval until ctx ends.
 func (o *Operator) RunPeers(ctx context.Context) {
-	interval := o.cfg.Load().PeerPollInterval.D()
-	t := o.clk.NewTicker(interval)
-	defer t.Stop()
-	for {
-		o.PollPeers(ctx)
-		if d := o.cfg.Load().PeerPollInterval.D(); d != interval {
-			interval = d
-			t.Reset(d)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-	}
+	every(ctx, o.clk, func() time.Duration { return o.cfg.Load().PeerPollInterval.D() }, func() { o.PollPeers(ctx) })
 }
 
 // PollPeers runs one round: every peer concurrently (bounded), each peer's
@@ -189,23 +175,7 @@ func (o *Operator) PollPeers(ctx context.Context) {
 	if o.poller == nil {
 		return
 	}
-	sem := make(chan struct{}, o.cfg.Load().PeerPoll.Concurrency)
-	var wg sync.WaitGroup
-	for _, ps := range o.poller.snapshot() {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			o.poller.pollPeer(ctx, ps)
-		}()
-	}
-	wg.Wait()
+	forEachBounded(ctx, o.cfg.Load().PeerPoll.Concurrency, o.poller.snapshot(), func(ps *peerState) { o.poller.pollPeer(ctx, ps) })
 }
 
 // pollPeer polls one peer with retries inside its budget, then publishes.
