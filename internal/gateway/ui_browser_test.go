@@ -1,0 +1,58 @@
+package gateway
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDashboardInChromium loads /ui in headless Chromium (Debian's chromium
+// package; the test skips where it is not installed): after its script has
+// run, the page shows the site's row from the snapshot JSON, and a
+// screenshot renders.
+func TestDashboardInChromium(t *testing.T) {
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("chromium is not installed")
+	}
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	const now = 1_000_000
+	g.store.Ingest([]byte(strings.Join([]string{
+		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
+		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
+		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
+	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
+	g.refresh()
+	srv := httptest.NewServer(g.MetricsHandler())
+	defer srv.Close()
+
+	run := func(args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync",
+			"--user-data-dir=" + t.TempDir(), "--virtual-time-budget=3000", "--window-size=1300,900"}
+		out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
+		if err != nil {
+			t.Fatalf("chromium %v: %v", args, err)
+		}
+		return string(out)
+	}
+	dom := run("--dump-dom", srv.URL+"/ui")
+	for _, want := range []string{"Grid gateway", "— site east", `<td>pool</td>`, "ready"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("rendered page lacks %q", want)
+		}
+	}
+	shot := filepath.Join(t.TempDir(), "ui.png")
+	run("--screenshot="+shot, srv.URL+"/ui")
+	if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
+		t.Errorf("screenshot: %v, %d bytes", err, st.Size())
+	}
+}
