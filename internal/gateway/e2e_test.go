@@ -21,6 +21,7 @@ import (
 	"github.com/grid-inference/grid/internal/gateway"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -207,48 +208,44 @@ func TestTwoSitesRouteAndExclude(t *testing.T) {
 		t.Errorf("GatewayAgesRejected %v with clean clocks", got)
 	}
 
-	// east's EPP reports no ready endpoint: routing to east stops.
+	// east's EPP reports no ready endpoint: routing to east stops. The
+	// moment is read from the gateway's snapshot (requests keep flowing, so
+	// the gateway keeps polling), then checked with requests.
 	control(t, east.simURL, `{"readyEndpoints": 0}`)
-	excluded := waitRouting(t, east.client, func(site string) bool { return site != "east" }, 10*time.Second)
+	excluded := waitSnapshot(t, east, func(ready bool) bool { return !ready }, 10*time.Second)
 	t.Logf("east excluded after %v", excluded)
 	if excluded > 3*time.Second+500*time.Millisecond {
 		t.Errorf("exclusion took %v, want about 3s at the default intervals", excluded)
 	}
-	for range 20 {
+	for range 30 {
 		if r, _ := chat(t, east.client, 1, false); r.Header.Get("X-Grid-Site") == "east" {
 			t.Fatal("routed to an excluded site")
 		}
 	}
 	control(t, east.simURL, `{"readyEndpoints": null}`)
-	rejoined := waitFirstServed(t, east.client, "east", 10*time.Second)
+	rejoined := waitSnapshot(t, east, func(ready bool) bool { return ready }, 10*time.Second)
 	t.Logf("east rejoined after %v", rejoined)
 	if rejoined > 3*time.Second+500*time.Millisecond {
 		t.Errorf("rejoin took %v", rejoined)
 	}
+	waitFirstServed(t, east.client, "east", 10*time.Second)
 }
 
-// waitRouting sends requests until 30 in a row are served where cond says,
-// and returns when that run began.
-func waitRouting(t *testing.T, addr string, cond func(site string) bool, limit time.Duration) time.Duration {
+// waitSnapshot sends requests (keeping the gateway polling) until the
+// gateway's snapshot says of east what cond wants, and returns how long
+// that took.
+func waitSnapshot(t *testing.T, s *site, cond func(ready bool) bool, limit time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	streak := 0
-	var began time.Duration
 	for time.Since(start) < limit {
-		sent := time.Since(start)
-		resp, _ := chat(t, addr, 1, false)
-		if resp.StatusCode == 200 && cond(resp.Header.Get("X-Grid-Site")) {
-			if streak == 0 {
-				began = sent
+		for _, c := range s.gw.Snapshot().Candidates {
+			if c.Site == "east" && cond(c.Admission == route.NewAndExisting && c.Score == c.Score) {
+				return time.Since(start)
 			}
-			if streak++; streak >= 30 {
-				return began
-			}
-		} else {
-			streak = 0
 		}
+		chat(t, s.client, 1, false)
 	}
-	t.Fatalf("condition not met within %v", limit)
+	t.Fatalf("snapshot condition not met within %v", limit)
 	return 0
 }
 
