@@ -54,6 +54,11 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 		for _, c := range group {
 			c.Active = c.Predicted <= level+1e-9
 			c.own = b.ownFor(c)
+			c.level = level
+			c.ownWeight = 1
+			if a := float64(max(now-c.latestAt, 0)) / d; a > 1e-6 {
+				c.ownWeight = (1 - math.Exp(-a)) / a // mean of e^-t over the age
+			}
 		}
 	}
 }
@@ -104,18 +109,29 @@ func (b *Builder) ownFor(c *Candidate) *ownSends {
 
 // pickAgeAware draws two active candidates by capacity and takes the one
 // with the lower predicted load after this gateway's own sends since its
-// reading. It returns -1 when no healthy candidate is active.
+// reading. Own sends also move the active set between snapshots: once they
+// lift the active sites past the next one, it joins, so a burst between two
+// polls spreads as the water would. It returns -1 when no healthy candidate
+// was interpreted.
 func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
+	level, minLoad := math.Inf(-1), math.Inf(1)
+	for _, i := range healthy {
+		if c := &s.Candidates[i]; c.own != nil {
+			level = c.level
+			minLoad = math.Min(minLoad, s.load(i))
+		}
+	}
+	if math.IsInf(minLoad, 1) {
+		return -1
+	}
+	level = math.Max(level, minLoad) + 1e-9
 	var active [MaxSites]int32
 	n := 0
 	for _, i := range healthy {
-		if s.Candidates[i].Active && s.Candidates[i].own != nil {
+		if s.Candidates[i].own != nil && s.load(i) <= level {
 			active[n] = i
 			n++
 		}
-	}
-	if n == 0 {
-		return -1
 	}
 	first := s.weighted(active[:n], -1, u0, ceiling)
 	second := s.weighted(active[:n], first, u1, ceiling)
@@ -129,7 +145,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
 
 func (s *Snapshot) load(i int32) float64 {
 	c := &s.Candidates[i]
-	return c.Predicted + float64(c.own.n.Load())/c.Ceiling
+	return c.Predicted + c.ownWeight*float64(c.own.n.Load())/c.Ceiling
 }
 
 // ceiling weighs an active candidate by its learned ceiling.

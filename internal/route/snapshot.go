@@ -73,8 +73,13 @@ type Candidate struct {
 	// reading; shared by the snapshots that carry that reading.
 	own      *ownSends
 	latestAt int64
-	Full     Tri
-	Relieved Tri
+	// level is the common level of the candidate's model group.
+	level float64
+	// ownWeight discounts own sends by the share still in flight: sends
+	// spread over a reading's age have, on average, partly completed.
+	ownWeight float64
+	Full      Tri
+	Relieved  Tri
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
 	Learnable bool
