@@ -379,6 +379,11 @@ func localView(s *route.Snapshot) *route.Snapshot {
 
 // waitFirst waits, bounded, for the first snapshot after start.
 func (g *Gateway) waitFirst(ctx context.Context) {
+	select {
+	case <-g.first:
+		return // the common case: no timer on the request path
+	default:
+	}
 	wait := max(3*g.cfg.Load().PollInterval.D(), 3*time.Second)
 	t := g.clk.NewTimer(wait)
 	defer t.Stop()
