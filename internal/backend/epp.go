@@ -85,6 +85,12 @@ func ParseEPP(body []byte, pool string) (*Reading, error) {
 		rows       []signals.Row
 		units      bool
 	)
+	// The latency counters each sum into one field of snap.
+	var latencyCounters [nEPPNames]*float64
+	latencyCounters[iTTFTSum], latencyCounters[iTTFTCount] = &snap.TTFTSum, &snap.TTFTCount
+	latencyCounters[iTPOTSum], latencyCounters[iTPOTCount] = &snap.TPOTSum, &snap.TPOTCount
+	latencyCounters[iInputSum], latencyCounters[iInputCount] = &snap.InputSum, &snap.InputCount
+	latencyCounters[iRequests], latencyCounters[iErrors] = &snap.Requests, &snap.Errors
 	_, err := expo.Scan(body, eppNames.Has, func(s *expo.Sample) {
 		// Counts and gauges of load are finite and never negative; a line
 		// that says otherwise is dropped rather than published.
@@ -134,30 +140,11 @@ func ParseEPP(body []byte, pool string) (*Reading, error) {
 			}
 		case iTTFTSum, iTTFTCount:
 			if st, _ := s.Label("streaming"); string(st) == "true" {
-				if i == iTTFTSum {
-					snap.TTFTSum += s.Value
-				} else {
-					snap.TTFTCount += s.Value
-				}
+				*latencyCounters[i] += s.Value
 				haveLat = true
 			}
-		case iTPOTSum:
-			snap.TPOTSum += s.Value
-			haveLat = true
-		case iTPOTCount:
-			snap.TPOTCount += s.Value
-			haveLat = true
-		case iInputSum:
-			snap.InputSum += s.Value
-			haveLat = true
-		case iInputCount:
-			snap.InputCount += s.Value
-			haveLat = true
-		case iRequests:
-			snap.Requests += s.Value
-			haveLat = true
-		case iErrors:
-			snap.Errors += s.Value
+		case iTPOTSum, iTPOTCount, iInputSum, iInputCount, iRequests, iErrors:
+			*latencyCounters[i] += s.Value
 			haveLat = true
 		}
 	})
