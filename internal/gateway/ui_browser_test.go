@@ -20,15 +20,8 @@ func TestDashboardInChromium(t *testing.T) {
 	if err != nil {
 		t.Skip("chromium is not installed")
 	}
-	g := benchGateway(t, "http://127.0.0.1:9")
+	g := gatewayWithEastPool(t)
 	defer g.Close()
-	const now = 1_000_000
-	g.store.Ingest([]byte(strings.Join([]string{
-		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
-		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
-		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
-	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
-	g.refresh()
 	srv := httptest.NewServer(g.MetricsHandler())
 	defer srv.Close()
 

@@ -10,15 +10,8 @@ import (
 )
 
 func TestSnapshotJSONAndUI(t *testing.T) {
-	g := benchGateway(t, "http://127.0.0.1:9")
+	g := gatewayWithEastPool(t)
 	defer g.Close()
-	const now = 1_000_000
-	g.store.Ingest([]byte(strings.Join([]string{
-		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
-		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
-		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
-	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
-	g.refresh()
 	g.picks.add("east")
 
 	rec := httptest.NewRecorder()
@@ -45,4 +38,19 @@ func TestSnapshotJSONAndUI(t *testing.T) {
 	if rec.Code != 200 || !strings.Contains(page, "api/snapshot") || strings.Contains(page, "http://") || strings.Contains(page, "https://") {
 		t.Errorf("/ui: %d, self-contained %v", rec.Code, !strings.Contains(page, "http"))
 	}
+}
+
+// gatewayWithEastPool is a gateway whose snapshot holds one ready local
+// site, east, running 12 requests on 2 endpoints.
+func gatewayWithEastPool(t *testing.T) *Gateway {
+	t.Helper()
+	g := benchGateway(t, "http://127.0.0.1:9")
+	const now = 1_000_000
+	g.store.Ingest([]byte(strings.Join([]string{
+		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
+		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
+		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
+	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
+	g.refresh()
+	return g
 }
