@@ -358,15 +358,20 @@ func TestSheddingWhenFull(t *testing.T) {
 	g := startGrid(t, gridSpec{slots: map[string]int{"east": 1, "west": 1}, shedding: true, ceilingFloor: 1})
 	east := g["east"]
 	warm(t, east)
-	// Saturate both sites with long requests so queues form.
+	// Saturate both sites with long requests sent straight to their
+	// backends, so queues form on both and stay longer than the test runs
+	// (4 requests of 10s on one slot each). Sent through the gateway, the
+	// split is the policy's choice: a site given one of them drains after
+	// 10s, has room again, and rightly takes the probes.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
-	for range 8 {
+	for i := range 8 {
+		backend := g[[]string{"east", "west"}[i%2]].simURL
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+east.client+"/v1/chat/completions",
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, backend+"/v1/chat/completions",
 				strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":500}`, sim.DefaultModel)))
 			if resp, err := http.DefaultClient.Do(req); err == nil {
 				io.Copy(io.Discard, resp.Body)
