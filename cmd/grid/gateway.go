@@ -63,8 +63,9 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		"hop":     {Handler: gw.HopHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog},
 		"metrics": {Handler: gw.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog},
 	}
-	hopTLS := id.ServerTLS()
-	listeners["hop"] = tls.NewListener(listeners["hop"], hopTLS)
+	// Connection caps apply at accept, before the hop's TLS handshake.
+	listeners["client"] = gw.Guard("client", listeners["client"])
+	listeners["hop"] = tls.NewListener(gw.Guard("hop", listeners["hop"]), id.ServerTLS())
 	log.Info("gateway started", "client", listeners["client"].Addr().String(), "hop", listeners["hop"].Addr().String(),
 		"metrics", listeners["metrics"].Addr().String(), "operator", cfg.Operator.Signals)
 

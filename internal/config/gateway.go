@@ -26,6 +26,28 @@ type Gateway struct {
 	IdleAfter Duration `yaml:"idleAfter"`
 	// Availability tunes the snapshot's capacity learning and shedding.
 	Availability Availability `yaml:"availability"`
+	// Limits bound what clients and peer gateways may hold.
+	Limits GatewayLimits `yaml:"limits"`
+}
+
+// GatewayLimits bound the client and hop listeners, so that one source
+// opening connections or trickling a body cannot take the gateway from
+// everyone else.
+type GatewayLimits struct {
+	// ClientConns bounds the client listener's open connections.
+	ClientConns int `yaml:"clientConns"`
+	// ClientConnsPerSource bounds one client address's (or IPv6 /64's)
+	// connections; 0 is no per-source bound, the default, because clients
+	// behind a load balancer or NAT share an address.
+	ClientConnsPerSource int `yaml:"clientConnsPerSource"`
+	// HopConns bounds the hop listener's open connections.
+	HopConns int `yaml:"hopConns"`
+	// HopConnsPerSource bounds one peer address's (or IPv6 /64's)
+	// connections, so one peer cannot take the hop listener from the
+	// others.
+	HopConnsPerSource int `yaml:"hopConnsPerSource"`
+	// BodyReadTimeout bounds reading a request's body.
+	BodyReadTimeout Duration `yaml:"bodyReadTimeout"`
 }
 
 // OperatorRef locates the local operator.
@@ -81,6 +103,11 @@ const (
 	DefaultFullAfterMs       = 5000
 	DefaultRoomAfterMs       = 2000
 	DefaultQueueFull         = 1.0
+
+	DefaultClientConns       = 4096
+	DefaultHopConns          = 1024
+	DefaultHopConnsPerSource = 256
+	DefaultBodyReadTimeout   = 30 * time.Second
 )
 
 func (c *Gateway) applyDefaults() {
@@ -90,6 +117,16 @@ func (c *Gateway) applyDefaults() {
 	setString(&c.Metrics.Listen, DefaultGatewayMetrics)
 	setDuration(&c.PollInterval, DefaultPollInterval)
 	setDuration(&c.IdleAfter, DefaultIdleAfter)
+	if c.Limits.ClientConns == 0 {
+		c.Limits.ClientConns = DefaultClientConns
+	}
+	if c.Limits.HopConns == 0 {
+		c.Limits.HopConns = DefaultHopConns
+	}
+	if c.Limits.HopConnsPerSource == 0 {
+		c.Limits.HopConnsPerSource = DefaultHopConnsPerSource
+	}
+	setDuration(&c.Limits.BodyReadTimeout, DefaultBodyReadTimeout)
 	a := &c.Availability
 	setPtr(&a.Smoothing, DefaultSmoothing)
 	setPtr(&a.CeilingHalfLifeMs, DefaultCeilingHalfLifeMs)

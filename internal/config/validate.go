@@ -188,6 +188,15 @@ func (c *Gateway) validate(doc *document) error {
 	p.url("operator.signals", c.Operator.Signals, true, "https")
 	p.positive("pollInterval", c.PollInterval)
 	p.positive("idleAfter", c.IdleAfter)
+	for path, v := range map[string]int{
+		"limits.clientConns": c.Limits.ClientConns, "limits.clientConnsPerSource": c.Limits.ClientConnsPerSource,
+		"limits.hopConns": c.Limits.HopConns, "limits.hopConnsPerSource": c.Limits.HopConnsPerSource,
+	} {
+		if v < 0 {
+			p.addf(path, "must not be negative, got %d", v)
+		}
+	}
+	p.positive("limits.bodyReadTimeout", c.Limits.BodyReadTimeout)
 	a := c.Availability
 	inRange := func(path string, v, lo, hi float64) {
 		if math.IsNaN(v) || v < lo || v > hi {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
 )
@@ -30,6 +31,7 @@ type metrics struct {
 	duration         *prometheus.HistogramVec
 	retries          prometheus.Counter
 	feedbackFailures *prometheus.CounterVec
+	connsShed        *prometheus.CounterVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -54,6 +56,7 @@ func newMetrics() *metrics {
 		duration:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),
 		retries:          prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
+		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop) and limit (total, source)."}, []string{"listener", "limit"}),
 		published:        map[[2]string]bool{},
 		shedModels:       map[string]bool{},
 	}
@@ -69,8 +72,13 @@ func newMetrics() *metrics {
 	for _, r := range []string{"timeout", "transport", "status", "acknowledgment"} {
 		m.feedbackFailures.WithLabelValues(r)
 	}
+	for _, ln := range []string{"client", "hop"} {
+		for _, lim := range []string{connlimit.ShedTotal, connlimit.ShedSource} {
+			m.connsShed.WithLabelValues(ln, lim)
+		}
+	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"os"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/route"
 )
@@ -28,6 +31,18 @@ const (
 
 // internalHeaders never pass from a client to an upstream.
 var internalHeaders = []string{"X-Ai-Routing-Candidate", "X-Ai-Routing-Request-Id", "X-Ai-Routing-Revision", headerSite, headerBackend}
+
+// Guard bounds ln, the client or the hop listener, by the configured limits
+// (read once, at start), counting the connections it sheds.
+func (g *Gateway) Guard(listener string, ln net.Listener) net.Listener {
+	lim := g.cfg.Load().Limits
+	l := connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
+	if listener == "hop" {
+		l = connlimit.Limits{Total: lim.HopConns, PerSource: lim.HopConnsPerSource, PerSource48: 4 * lim.HopConnsPerSource}
+	}
+	shed := g.m.connsShed
+	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(listener, limit).Inc() })
+}
 
 // ClientHandler serves the OpenAI API to clients.
 func (g *Gateway) ClientHandler() http.Handler { return g.handler(false) }
@@ -98,12 +113,24 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	outcome := "routed"
 	defer func() { g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds()) }()
 
+	// The body is read under a deadline, lifted once it is in: a client
+	// that trickles its body must not hold a connection forever, and a
+	// stream that follows must not be cut by it. Deadlines are wall time,
+	// whatever clock the routing runs on.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(g.cfg.Load().Limits.BodyReadTimeout.D()))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		outcome = "bad_request"
 		if errors.As(err, &tooBig) {
 			refuse(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "request body exceeds 10 MiB", false, 0)
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.Header().Set("Connection", "close")
+			refuse(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body did not arrive in time", false, 0)
 			return
 		}
 		refuse(w, http.StatusBadRequest, "invalid_request_error", "bad_request", "could not read the request body", false, 0)

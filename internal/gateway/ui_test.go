@@ -44,7 +44,13 @@ func TestSnapshotJSONAndUI(t *testing.T) {
 // site, east, running 12 requests on 2 endpoints.
 func gatewayWithEastPool(t *testing.T) *Gateway {
 	t.Helper()
-	g := benchGateway(t, "http://127.0.0.1:9")
+	return gatewayWithEastPoolAt(t, "http://127.0.0.1:9")
+}
+
+// gatewayWithEastPoolAt is gatewayWithEastPool forwarding to upstream.
+func gatewayWithEastPoolAt(t *testing.T, upstream string) *Gateway {
+	t.Helper()
+	g := benchGateway(t, upstream)
 	const now = 1_000_000
 	g.store.Ingest([]byte(strings.Join([]string{
 		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,

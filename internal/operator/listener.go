@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
 )
 
@@ -25,20 +27,26 @@ type Limits struct {
 	MaxConns      int
 	ReservedLocal int
 	// HandshakesPerSource bounds TLS handshakes in progress per source IP
-	// (per /64 for IPv6).
-	HandshakesPerSource int
+	// (per /64 for IPv6); HandshakesPer48 bounds them per /48 of
+	// global-unicast IPv6, so a host cannot spread a flood over its /64s.
+	HandshakesPerSource, HandshakesPer48 int
 	// PerPeer bounds one peer site's authenticated connections.
 	PerPeer int
 	// Handshake bounds the TLS handshake; HeaderRead bounds reading a
 	// request's headers, keep-alive idle included; WriteStall bounds a write
 	// that makes no progress.
 	Handshake, HeaderRead, WriteStall time.Duration
+	// MaxConnAge closes a connection gracefully, after the answer in
+	// progress, once it is this old: a long-lived client is rebalanced and
+	// picks up a renewed server certificate.
+	MaxConnAge time.Duration
 }
 
 // DefaultLimits are the reference's.
 var DefaultLimits = Limits{
-	MaxConns: 256, ReservedLocal: 8, HandshakesPerSource: 8, PerPeer: 8,
+	MaxConns: 256, ReservedLocal: 8, HandshakesPerSource: 8, HandshakesPer48: 32, PerPeer: 8,
 	Handshake: 3 * time.Second, HeaderRead: 10 * time.Second, WriteStall: 10 * time.Second,
+	MaxConnAge: 300 * time.Second,
 }
 
 // guardedListener accepts TCP connections, completes their TLS handshakes
@@ -59,9 +67,9 @@ type guardedListener struct {
 	wg    sync.WaitGroup
 
 	mu          sync.Mutex
-	total       int            // every open connection, handshaking or not
-	nonLocal    int            // authenticated connections not of Local
-	handshaking map[string]int // source key -> handshakes in progress
+	total       int                  // every open connection, handshaking or not
+	nonLocal    int                  // authenticated connections not of Local
+	handshaking map[netip.Prefix]int // source group -> handshakes in progress
 	perPeer     map[string]int
 	release     map[net.Conn]func()
 }
@@ -70,7 +78,7 @@ func newGuardedListener(raw net.Listener, id *identity.Source, isPeer func(strin
 	l := &guardedListener{
 		raw: raw, conf: id.ServerTLS(), id: id, isPeer: isPeer, lim: lim, shed: shed, log: log,
 		ready: make(chan net.Conn), done: make(chan struct{}),
-		handshaking: map[string]int{}, perPeer: map[string]int{}, release: map[net.Conn]func(){},
+		handshaking: map[netip.Prefix]int{}, perPeer: map[string]int{}, release: map[net.Conn]func(){},
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -93,20 +101,24 @@ func (l *guardedListener) acceptLoop() {
 			time.Sleep(100 * time.Millisecond) // an accept error pauses, not spins
 			continue
 		}
-		src := sourceKey(c.RemoteAddr())
+		src := connlimit.SourceKeys(c.RemoteAddr())
 		l.mu.Lock()
 		switch {
 		case l.total >= l.lim.MaxConns:
 			l.mu.Unlock()
 			l.shedConn(c, "total")
 			continue
-		case l.handshaking[src] >= l.lim.HandshakesPerSource:
+		case l.handshaking[src.Source] >= l.lim.HandshakesPerSource,
+			src.Wide.IsValid() && l.handshaking[src.Wide] >= l.lim.HandshakesPer48:
 			l.mu.Unlock()
 			l.shedConn(c, "source")
 			continue
 		}
 		l.total++
-		l.handshaking[src]++
+		l.handshaking[src.Source]++
+		if src.Wide.IsValid() {
+			l.handshaking[src.Wide]++
+		}
 		l.mu.Unlock()
 		l.wg.Add(1)
 		go l.handshake(c, src)
@@ -121,15 +133,16 @@ func (l *guardedListener) shedConn(c net.Conn, limit string) {
 // handshake completes TLS within its bound, then admits the connection by
 // caller class: Local always (it has its reserve); others within the
 // non-Local share; a peer site within its own cap, or one 503 and close.
-func (l *guardedListener) handshake(raw net.Conn, src string) {
+func (l *guardedListener) handshake(raw net.Conn, src connlimit.Keys) {
 	defer l.wg.Done()
 	tc := tls.Server(&stallConn{Conn: raw, stall: l.lim.WriteStall}, l.conf)
 	ctx, cancel := context.WithTimeout(context.Background(), l.lim.Handshake)
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	l.mu.Lock()
-	if l.handshaking[src]--; l.handshaking[src] == 0 {
-		delete(l.handshaking, src)
+	l.handshakeDone(src.Source)
+	if src.Wide.IsValid() {
+		l.handshakeDone(src.Wide)
 	}
 	if err != nil {
 		l.total--
@@ -225,17 +238,10 @@ func (l *guardedListener) wait() { l.wg.Wait() }
 
 func (l *guardedListener) Addr() net.Addr { return l.raw.Addr() }
 
-// sourceKey groups connections by source: the IPv4 address, or the /64 of
-// an IPv6 one, so one host cannot spread its handshakes over a prefix.
-func sourceKey(a net.Addr) string {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		return a.String()
+func (l *guardedListener) handshakeDone(k netip.Prefix) {
+	if l.handshaking[k]--; l.handshaking[k] <= 0 {
+		delete(l.handshaking, k)
 	}
-	if v4 := ta.IP.To4(); v4 != nil {
-		return v4.String()
-	}
-	return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // stallConn sets a fresh write deadline before every write, so a peer that
@@ -251,6 +257,23 @@ func (c *stallConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// connBornKey holds, in a connection's context, when it was accepted.
+type connBornKey struct{}
+
+// closeWhenOld answers with Connection: close on a connection older than
+// maxAge, so it ends gracefully after this answer.
+func closeWhenOld(next http.Handler, maxAge time.Duration) http.Handler {
+	if maxAge <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if born, ok := r.Context().Value(connBornKey{}).(time.Time); ok && time.Since(born) >= maxAge {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // ServeSignals serves the signals endpoint on ln until ctx ends, then shuts
 // down within drain.
 func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits, drain time.Duration) error {
@@ -259,7 +282,10 @@ func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits
 	}
 	gl := newGuardedListener(ln, o.id, o.isPeer, lim, o.m.peers.shed, o.log)
 	srv := &http.Server{
-		Handler:           o.SignalsHandler(),
+		Handler: closeWhenOld(o.SignalsHandler(), lim.MaxConnAge),
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, connBornKey{}, time.Now())
+		},
 		ReadHeaderTimeout: lim.HeaderRead,
 		IdleTimeout:       lim.HeaderRead,
 		MaxHeaderBytes:    16 << 10,

@@ -1,9 +1,14 @@
 package operator
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -122,5 +127,112 @@ func TestTotalCapKeepsLocalReserve(t *testing.T) {
 	}
 	if shedCount(t, east.op, "total") < 1 {
 		t.Errorf("total sheds %v", shedCount(t, east.op, "total"))
+	}
+}
+
+// pipeListener hands the server ends of in-memory connections to the
+// signals server, each claiming a chosen remote address.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+}
+
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+func (l *pipeListener) Close() error   { return nil }
+func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv6loopback} }
+
+// dialFrom opens an in-memory connection that the server sees coming from
+// addr; the client end is returned.
+func (l *pipeListener) dialFrom(addr string) net.Conn {
+	client, server := net.Pipe()
+	l.conns <- addrConn{Conn: server, remote: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(addr))}
+	return client
+}
+
+// TestHandshakesPer48Cap: handshakes from many /64s of one global-unicast
+// /48 share a cap, so a host cannot spread a flood over its prefixes; another
+// /48 is unaffected.
+func TestHandshakesPer48Cap(t *testing.T) {
+	dir := pki(t, "east")
+	east := startSiteLimits(t, DefaultLimits, dir, "east", t.TempDir(), "", nil)
+	lim := DefaultLimits
+	lim.HandshakesPer48 = 3
+	pl := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { east.op.ServeSignals(ctx, pl, lim, time.Second); close(served) }()
+	defer func() { cancel(); close(pl.done); <-served }()
+
+	for i := range 3 { // three /64s of 2001:db8:1::/48, each one silent handshake
+		c := pl.dialFrom(fmt.Sprintf("[2001:db8:1:%x::1]:40000", i))
+		defer c.Close()
+	}
+	over := pl.dialFrom("[2001:db8:1:ff::1]:40000")
+	defer over.Close()
+	over.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := over.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("a fourth /64 of a full /48 was not shed: %v", err)
+	}
+	if got := shedCount(t, east.op, "source"); got != 1 {
+		t.Errorf("source sheds %v, want 1", got)
+	}
+	other := pl.dialFrom("[2001:db8:2::1]:40000")
+	defer other.Close()
+	other.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := other.Read(make([]byte, 1)); !isTimeout(err) {
+		t.Errorf("another /48 was shed: %v", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestOldConnectionClosesGracefully: past the age limit a connection gets
+// its answer with Connection: close, and the next request opens a new one.
+func TestOldConnectionClosesGracefully(t *testing.T) {
+	dir := pki(t, "east")
+	lim := DefaultLimits
+	lim.MaxConnAge = 300 * time.Millisecond
+	east := startSiteLimits(t, lim, dir, "east", t.TempDir(), "", nil)
+	c := client(t, idSource(t, dir, "east"))
+	get := func() (resp *http.Response, reused bool) {
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, "https://"+east.addr+SignalsPath, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, reused
+	}
+	if resp, _ := get(); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("young connection: %d close=%v", resp.StatusCode, resp.Close)
+	}
+	if resp, reused := get(); !reused || resp.Close {
+		t.Fatalf("second request: reused=%v close=%v", reused, resp.Close)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if resp, reused := get(); !reused || resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("old connection: reused=%v %d close=%v, want its answer then a close", reused, resp.StatusCode, resp.Close)
+	}
+	if _, reused := get(); reused {
+		t.Error("the old connection was used again")
 	}
 }

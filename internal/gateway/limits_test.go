@@ -1,0 +1,171 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+// serveGuarded serves the client API of g on a guarded loopback listener
+// with the given limits and returns its address.
+func serveGuarded(t *testing.T, g *Gateway, listener string, set func(*config.GatewayLimits)) string {
+	t.Helper()
+	c := *g.cfg.Load()
+	set(&c.Limits)
+	g.cfg.Store(&c)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: g.ClientHandler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { srv.Serve(g.Guard(listener, raw)); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	return raw.Addr().String()
+}
+
+func dialFrom(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// modelsOn sends GET /v1/models on c and reports the status, or 0 when the
+// server closed the connection without an answer.
+func modelsOn(c net.Conn) int {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: grid\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func shedTotal(g *Gateway, listener, limit string) float64 {
+	return testutil.ToFloat64(g.m.connsShed.WithLabelValues(listener, limit))
+}
+
+func TestClientConnectionCaps(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.ClientConns, l.ClientConnsPerSource = 3, 2 })
+
+	a, b := dialFrom(t, "127.0.0.1", addr), dialFrom(t, "127.0.0.1", addr)
+	if modelsOn(a) != 200 || modelsOn(b) != 200 {
+		t.Fatal("connections within the caps were not served")
+	}
+	// A third from the same address is closed unanswered...
+	if code := modelsOn(dialFrom(t, "127.0.0.1", addr)); code != 0 {
+		t.Errorf("over the per-source cap: %d, want the connection closed", code)
+	}
+	// ...while another address still gets in,
+	if code := modelsOn(dialFrom(t, "127.0.0.2", addr)); code != 200 {
+		t.Errorf("another source: %d", code)
+	}
+	// until the listener is full.
+	if code := modelsOn(dialFrom(t, "127.0.0.3", addr)); code != 0 {
+		t.Errorf("over the total cap: %d, want the connection closed", code)
+	}
+	if s, tot := shedTotal(g, "client", "source"), shedTotal(g, "client", "total"); s != 1 || tot != 1 {
+		t.Errorf("sheds: source %v total %v, want 1 and 1", s, tot)
+	}
+	// A held connection's close gives its place back.
+	a.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for modelsOn(dialFrom(t, "127.0.0.1", addr)) != 200 {
+		if time.Now().After(deadline) {
+			t.Fatal("a closed connection's place was not given back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestHopConnectionCapCountsAsHop(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	addr := serveGuarded(t, g, "hop", func(l *config.GatewayLimits) { l.HopConns = 1 })
+	held := dialFrom(t, "127.0.0.1", addr)
+	if modelsOn(held) != 200 {
+		t.Fatal("the first hop connection was not served")
+	}
+	if code := modelsOn(dialFrom(t, "127.0.0.1", addr)); code != 0 {
+		t.Errorf("over the hop cap: %d", code)
+	}
+	if got := shedTotal(g, "hop", "total"); got != 1 {
+		t.Errorf("hop total sheds %v, want 1", got)
+	}
+}
+
+// TestTrickledBodyTimesOut: a client that sends its headers and then
+// trickles (or stops sending) its body gets 408 within the body timeout and
+// loses its connection; it holds nothing after.
+func TestTrickledBodyTimesOut(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(300 * time.Millisecond) })
+	c := dialFrom(t, "127.0.0.1", addr)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: grid\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "request_timeout") {
+		t.Errorf("stalled body: %d %s", resp.StatusCode, body)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("answered after %v", d)
+	}
+	if !resp.Close {
+		t.Error("the connection of a timed-out body stays open")
+	}
+}
+
+// TestBodyTimeoutSparesTheStream: the body deadline covers the body only;
+// an answer that streams for longer than it is not cut.
+func TestBodyTimeoutSparesTheStream(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		for i := range 8 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond)
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer upstream.Close()
+	g := gatewayWithEastPoolAt(t, upstream.URL)
+	defer g.Close()
+	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(200 * time.Millisecond) })
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+sim.DefaultModel+`","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Errorf("an 800ms stream under a 200ms body timeout: %d %v %q", resp.StatusCode, err, body)
+	}
+}
