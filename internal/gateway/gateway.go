@@ -120,21 +120,21 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
+	m := newMetrics()
 	g := &Gateway{
-		clk: opts.Clock, log: opts.Logger, id: opts.Identity,
+		clk: opts.Clock, log: opts.Logger, id: opts.Identity, m: m,
 		timeline: loadstore.NewTimeline(opts.Clock),
 		store:    loadstore.New(storeWindow),
 		builder:  route.NewBuilder(),
 		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
-		health:   newHealth(opts.Clock),
+		health:   newHealth(opts.Clock, func(reason string) { m.ejections.WithLabelValues(reason).Inc() }),
 		rep:      newReporter(),
 		picks:    picks{n: map[string]uint64{}},
 	}
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity)
-	g.m = newMetrics()
 	var seed [8]byte
 	rand.Read(seed[:])
 	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step

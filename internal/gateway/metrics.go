@@ -32,6 +32,7 @@ type metrics struct {
 	retries          prometheus.Counter
 	feedbackFailures *prometheus.CounterVec
 	connsShed        *prometheus.CounterVec
+	ejections        *prometheus.CounterVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -57,6 +58,7 @@ func newMetrics() *metrics {
 		retries:          prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
 		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop) and limit (total, source)."}, []string{"listener", "limit"}),
+		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: a refused connection, or five 5xx answers in a row."}, []string{"reason"}),
 		published:        map[[2]string]bool{},
 		shedModels:       map[string]bool{},
 	}
@@ -72,13 +74,16 @@ func newMetrics() *metrics {
 	for _, r := range []string{"timeout", "transport", "status", "acknowledgment"} {
 		m.feedbackFailures.WithLabelValues(r)
 	}
+	for _, r := range []string{ejectRefused, eject5xx} {
+		m.ejections.WithLabelValues(r)
+	}
 	for _, ln := range []string{"client", "hop"} {
 		for _, lim := range []string{connlimit.ShedTotal, connlimit.ShedSource} {
 			m.connsShed.WithLabelValues(ln, lim)
 		}
 	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -243,7 +243,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		FlushInterval: -1,
 		BufferPool:    bufferPool{},
 		ModifyResponse: func(resp *http.Response) error {
-			g.health.ok(c)
+			g.health.answered(c, resp.StatusCode)
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)

@@ -77,26 +77,40 @@ func (u *upstreams) close() {
 	}
 }
 
-// health is passive upstream health: a candidate whose upstream refused a
-// connection is down for a while, doubling while it keeps failing, and is
-// demoted in the next snapshot; a success clears it.
+// health is passive upstream health, in the manner of Envoy's outlier
+// detection: a candidate whose upstream refused a connection, or answered
+// 5xx five times in a row, is ejected for a while, doubling while it keeps
+// failing, and is demoted in the next snapshot; an answer below 500 clears
+// it.
 type health struct {
-	clk clock.Clock
-	mu  sync.Mutex
-	bad map[string]*downState
+	clk     clock.Clock
+	ejected func(reason string)
+	mu      sync.Mutex
+	bad     map[string]*downState
 }
 
 type downState struct {
 	until   time.Time
-	backoff time.Duration
+	backoff time.Duration // zero until the first ejection
+	errors  int           // consecutive 5xx answers
 }
 
 const (
 	minDown = 2 * time.Second
 	maxDown = 30 * time.Second
+	// ejectAfter5xx is how many 5xx answers in a row eject an upstream.
+	ejectAfter5xx = 5
 )
 
-func newHealth(clk clock.Clock) *health { return &health{clk: clk, bad: map[string]*downState{}} }
+// Ejection reasons, the values of the counter's reason label.
+const (
+	ejectRefused = "refused"
+	eject5xx     = "5xx"
+)
+
+func newHealth(clk clock.Clock, ejected func(reason string)) *health {
+	return &health{clk: clk, ejected: ejected, bad: map[string]*downState{}}
+}
 
 func healthKey(c *route.Candidate) string {
 	if c.Local {
@@ -105,23 +119,43 @@ func healthKey(c *route.Candidate) string {
 	return c.Site // a remote site's gateway is one upstream
 }
 
+func (h *health) state(c *route.Candidate) *downState {
+	s := h.bad[healthKey(c)]
+	if s == nil {
+		s = &downState{}
+		h.bad[healthKey(c)] = s
+	}
+	return s
+}
+
+func (h *health) eject(s *downState, reason string) {
+	s.backoff = min(max(2*s.backoff, minDown), maxDown)
+	s.until = h.clk.Now().Add(s.backoff)
+	if h.ejected != nil {
+		h.ejected(reason)
+	}
+}
+
+// failed notes a refused connection: the upstream is ejected at once.
 func (h *health) failed(c *route.Candidate) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := h.bad[healthKey(c)]
-	if s == nil {
-		s = &downState{backoff: minDown}
-		h.bad[healthKey(c)] = s
-	} else {
-		s.backoff = min(2*s.backoff, maxDown)
-	}
-	s.until = h.clk.Now().Add(s.backoff)
+	h.eject(h.state(c), ejectRefused)
 }
 
-func (h *health) ok(c *route.Candidate) {
+// answered notes an upstream's answer status.
+func (h *health) answered(c *route.Candidate, status int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	delete(h.bad, healthKey(c))
+	if status < 500 {
+		delete(h.bad, healthKey(c))
+		return
+	}
+	s := h.state(c)
+	if s.errors++; s.errors >= ejectAfter5xx {
+		s.errors = 0
+		h.eject(s, eject5xx)
+	}
 }
 
 // isDown reports a candidate still inside its down period.

@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+func TestPassiveHealth(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_000_000, 0))
+	var ejections []string
+	h := newHealth(clk, func(r string) { ejections = append(ejections, r) })
+	east := &route.Candidate{Site: "east", Provider: "pool", Local: true}
+	west := &route.Candidate{Site: "west", Provider: "pool"}
+
+	// Four 5xx in a row leave the upstream in; the fifth ejects it for 2s.
+	for i := range 4 {
+		h.answered(east, 500)
+		if h.isDown(east) {
+			t.Fatalf("ejected after %d 5xx answers", i+1)
+		}
+	}
+	h.answered(east, 502)
+	if !h.isDown(east) || len(ejections) != 1 || ejections[0] != eject5xx {
+		t.Fatalf("five 5xx in a row: down %v, ejections %v", h.isDown(east), ejections)
+	}
+	clk.Advance(2 * time.Second)
+	if h.isDown(east) {
+		t.Error("still ejected after 2s")
+	}
+	// Five more double the period; an answer below 500 clears it all.
+	for range 5 {
+		h.answered(east, 503)
+	}
+	clk.Advance(3 * time.Second)
+	if !h.isDown(east) {
+		t.Error("the second ejection did not double to 4s")
+	}
+	h.answered(east, 200)
+	if h.isDown(east) {
+		t.Error("a good answer did not clear the ejection")
+	}
+	// A 5xx streak is broken by a good answer.
+	for range 4 {
+		h.answered(east, 500)
+	}
+	h.answered(east, 404)
+	h.answered(east, 500)
+	if h.isDown(east) {
+		t.Error("ejected though the 5xx were not in a row")
+	}
+	// A refused connection ejects at once; other upstreams are unaffected.
+	h.failed(west)
+	if !h.isDown(west) || h.isDown(east) || ejections[len(ejections)-1] != ejectRefused {
+		t.Errorf("refused: west down %v, east down %v, ejections %v", h.isDown(west), h.isDown(east), ejections)
+	}
+	for range 10 {
+		h.failed(west)
+	}
+	clk.Advance(29 * time.Second)
+	if !h.isDown(west) {
+		t.Error("the period stopped growing before 30s")
+	}
+	clk.Advance(2 * time.Second)
+	if h.isDown(west) {
+		t.Error("the period grew past 30s")
+	}
+}
