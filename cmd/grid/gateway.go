@@ -74,7 +74,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	var wg sync.WaitGroup
 	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	goRun(func() { gw.Run(runCtx) })
-	goRun(func() { id.Run(runCtx, identity.ReloadInterval) })
+	goRun(func() { id.Run(runCtx, cfg.TLS.ReloadInterval.D()) })
 	goRun(func() {
 		reloadOnHUP(runCtx, *file, func() error {
 			next, err := config.LoadGateway(*file)

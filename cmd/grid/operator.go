@@ -83,7 +83,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	var signalsErr error
 	if id != nil {
 		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
-		goRun(func() { id.Run(runCtx, identity.ReloadInterval) })
+		goRun(func() { id.Run(runCtx, cfg.TLS.ReloadInterval.D()) })
 		goRun(func() { op.RunPeers(runCtx) })
 		goRun(func() {
 			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, *drain); err != nil {

@@ -112,6 +112,7 @@ const (
 
 func (c *Gateway) applyDefaults() {
 	setString(&c.TrustDomain, DefaultTrustDomain)
+	c.TLS.applyDefaults()
 	setString(&c.Listen, DefaultGatewayListen)
 	setString(&c.Hop.Listen, DefaultHopListen)
 	setString(&c.Metrics.Listen, DefaultGatewayMetrics)

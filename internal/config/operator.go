@@ -47,7 +47,13 @@ type TLS struct {
 	CA   string `yaml:"ca"`
 	Cert string `yaml:"cert"`
 	Key  string `yaml:"key"`
+	// ReloadInterval is how often the files are re-read, so a renewed
+	// certificate is used for new connections without a restart.
+	ReloadInterval Duration `yaml:"reloadInterval"`
 }
+
+// DefaultTLSReloadInterval is how often certificate files are re-read.
+const DefaultTLSReloadInterval = 30 * time.Second
 
 // Listener is an address to listen on.
 type Listener struct {
@@ -165,6 +171,7 @@ const (
 
 func (c *Operator) applyDefaults() {
 	setString(&c.TrustDomain, DefaultTrustDomain)
+	c.TLS.applyDefaults()
 	setString(&c.Signals.Listen, DefaultSignalsListen)
 	setString(&c.Metrics.Listen, DefaultOperatorMetrics)
 	setDuration(&c.ScrapeInterval, DefaultScrapeInterval)
@@ -206,6 +213,12 @@ func setString(s *string, def string) {
 func setInt(i *int, def int) {
 	if *i == 0 {
 		*i = def
+	}
+}
+
+func (t *TLS) applyDefaults() {
+	if t != nil {
+		setDuration(&t.ReloadInterval, DefaultTLSReloadInterval)
 	}
 }
 

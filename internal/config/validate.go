@@ -96,6 +96,7 @@ func (p *problems) tls(path string, t *TLS) {
 			p.addf(path+"."+f.key, "required when %s is set", path)
 		}
 	}
+	p.positive(path+".reloadInterval", t.ReloadInterval)
 }
 
 func (p *problems) trustDomain(path, v string) {

@@ -22,9 +22,6 @@ import (
 	"github.com/grid-inference/grid/internal/config"
 )
 
-// ReloadInterval is how often a Source re-reads its files by default.
-const ReloadInterval = 30 * time.Second
-
 // Source is a site's identity read from PEM files: its SVID (certificate
 // chain and key) and the grid CA bundle. It implements go-spiffe's
 // x509svid.Source and x509bundle.Source, so TLS configurations built on it
