@@ -71,7 +71,9 @@ type Gateway struct {
 	first       chan struct{} // closed after the first snapshot from a poll
 	turn        atomic.Uint64
 
-	health    *health
+	health *health
+	// ejected asks the poll loop for a rebuild after an ejection.
+	ejected   chan struct{}
 	upstreams *upstreams
 	rep       *reporter
 	picks     picks
@@ -129,10 +131,17 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
-		health:   newHealth(opts.Clock, func(reason string) { m.ejections.WithLabelValues(reason).Inc() }),
+		ejected:  make(chan struct{}, 1),
 		rep:      newReporter(),
 		picks:    picks{n: map[string]uint64{}},
 	}
+	g.health = newHealth(opts.Clock, func(reason string) {
+		m.ejections.WithLabelValues(reason).Inc()
+		select {
+		case g.ejected <- struct{}{}:
+		default: // a rebuild is already due
+		}
+	})
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity)
 	var seed [8]byte
@@ -204,12 +213,27 @@ func (g *Gateway) Run(ctx context.Context) {
 		}
 		start := g.clk.Now()
 		g.Poll(ctx)
-		t := g.clk.NewTimer(max(0, cfg.PollInterval.D()-g.clk.Now().Sub(start)))
+		if !g.sleep(ctx, max(0, cfg.PollInterval.D()-g.clk.Now().Sub(start))) {
+			return
+		}
+	}
+}
+
+// sleep waits d, rebuilding the snapshot whenever passive health ejects an
+// upstream meanwhile, so an ejection takes effect at once rather than at
+// the next poll (reference §4.11's health-triggered rebuild). It reports
+// false when ctx ends.
+func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
+	t := g.clk.NewTimer(d)
+	defer t.Stop()
+	for {
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return
+			return false
 		case <-t.C():
+			return true
+		case <-g.ejected:
+			g.refresh()
 		}
 	}
 }

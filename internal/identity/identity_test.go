@@ -256,6 +256,27 @@ func TestRotationKeepsPreviousLeaf(t *testing.T) {
 	}
 }
 
+// TestRenewedLeafBeforeReload: the site's gateway picks up a renewed
+// certificate before the operator's periodic reload; the operator re-reads
+// its files on the spot and admits it as Local, at most once a second.
+func TestRenewedLeafBeforeReload(t *testing.T) {
+	dir := grid(t, "east")
+	operator := source(t, dir, "east")
+	Issue(dir, "east", nil, time.Now())
+	gateway := source(t, dir, "east") // has the renewed leaf; the operator has not reloaded
+	c, _ := gateway.ClientTLS("east")
+	if got, err := handshake(t, operator, c); err != nil || got.Class != Local {
+		t.Fatalf("the renewed leaf before the operator's reload: %+v %v", got, err)
+	}
+	// A third leaf within the second is not looked for again: refused.
+	Issue(dir, "east", nil, time.Now())
+	third := source(t, dir, "east")
+	c, _ = third.ClientTLS("east")
+	if got, err := handshake(t, operator, c); err != nil || got.Class != Refused {
+		t.Errorf("a second unknown leaf within a second: %+v %v", got, err)
+	}
+}
+
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
 	b, err := os.ReadFile(from)

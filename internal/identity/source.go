@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -39,7 +40,15 @@ type Source struct {
 	raw      []byte // the files' bytes as last loaded, to see changes
 	current  [32]byte
 	previous *previousLeaf
+
+	// lastForced is when (unix ns) an unknown leaf for this site last made
+	// the files be re-read.
+	lastForced atomic.Int64
 }
+
+// forcedReloadEvery bounds how often callers presenting an unknown leaf for
+// this site can make the files be re-read.
+const forcedReloadEvery = time.Second
 
 // previousLeaf is the leaf a renewal replaced: it still counts as this
 // site's own until it expires, so a gateway that has not reloaded yet keeps
@@ -240,7 +249,7 @@ func (s *Source) Classify(cs *tls.ConnectionState) Caller {
 		return Caller{}
 	}
 	if id == s.id {
-		if s.IsOwnLeaf(leaf) {
+		if s.IsOwnLeaf(leaf) || (s.reloadForUnknownLeaf() && s.IsOwnLeaf(leaf)) {
 			return Caller{Class: Local}
 		}
 		return Caller{}
@@ -250,6 +259,28 @@ func (s *Source) Classify(cs *tls.ConnectionState) Caller {
 		return Caller{}
 	}
 	return Caller{Class: Peer, Site: site}
+}
+
+// reloadForUnknownLeaf re-reads the files when a caller presents a leaf
+// for this site that is not known: during a renewal the site's gateway may
+// pick up the new certificate before this process's next periodic reload,
+// and its polls must not be refused meanwhile. At most once per
+// forcedReloadEvery, so that a stranger holding a certificate for this site
+// cannot make it read files on every connection. It reports whether the
+// identity changed.
+func (s *Source) reloadForUnknownLeaf() bool {
+	now, last := s.clk.Now().UnixNano(), s.lastForced.Load()
+	if now-last < int64(forcedReloadEvery) || !s.lastForced.CompareAndSwap(last, now) {
+		return false
+	}
+	changed, err := s.Reload()
+	if err != nil {
+		s.log.Warn("identity reload for an unknown leaf of this site failed", "err", err)
+	}
+	if changed {
+		s.log.Info("identity reloaded: a caller presented the renewed certificate first", "id", s.id.String())
+	}
+	return changed
 }
 
 // VerifiedSite returns the site a verified server presented, for a client

@@ -19,7 +19,6 @@ type peerMetrics struct {
 	agesRejected *prometheus.GaugeVec
 	shed         *prometheus.CounterVec
 	truncated    *prometheus.CounterVec
-	expiry       prometheus.Gauge
 }
 
 func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
@@ -47,8 +46,6 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			Name: "grid_signals_connections_shed_total", Help: "Signals listener connections shed, by the limit that shed them."}, []string{"limit"}),
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grid_signals_relay_truncated_total", Help: "Targets dropped from a signals answer to keep it bounded, by store and cut."}, []string{"store", "cut"}),
-		expiry: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "grid_site_identity_expiry_timestamp_seconds", Help: "Unix time the site certificate in use expires."}),
 	}
 	for _, limit := range []string{"total", "source", "peer"} {
 		m.shed.WithLabelValues(limit)
@@ -58,7 +55,7 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			m.truncated.WithLabelValues(store, cut)
 		}
 	}
-	reg.MustRegister(m.polls, m.duration, m.retries, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.truncated, m.expiry)
+	reg.MustRegister(m.polls, m.duration, m.retries, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.truncated)
 	return m
 }
 

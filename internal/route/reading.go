@@ -162,5 +162,13 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {
 		r.Unready = true
 	}
+	// The operator's verdict excludes the same way (reference §7): a 0
+	// stands until something newer arrives. An operator that judges a
+	// provider unready (its scrapes time out, say) keeps publishing the
+	// verdict but no load rows, so this is the only ready series for an
+	// engine kind or a provider that cannot be scraped.
+	if verdict, ok := latest(v.Series[signals.Ready]); ok && verdict.Value < 1 && r.SampledAt.V <= float64(verdict.At) {
+		r.Unready = true
+	}
 	return r
 }

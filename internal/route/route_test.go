@@ -209,6 +209,30 @@ func TestWorkedExamples(t *testing.T) {
 			t.Errorf("unready site admitted: %+v", a)
 		}
 	})
+	t.Run("10b operator verdict", func(t *testing.T) {
+		// An operator that cannot scrape a provider publishes its verdict
+		// without load rows; the 0 excludes until a newer batch says 1.
+		w := newWorld(t, "a")
+		w.publish("a", 1000, obs{running: 4, queue: f(0)})
+		verdict := func(t0 int64, v int) {
+			w.seq++
+			w.store.Ingest([]byte(fmt.Sprintf("grid_provider_ready{grid_provider=\"p\",grid_site=\"a\"} %d %d\n"+
+				"grid_provider_config_generation{batch_samples=\"1\",batch_sequence=\"%d\",grid_provider=\"p\",grid_site=\"a\",provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n",
+				v, t0, w.seq, t0)), t0, t0, t0, "hub", true)
+		}
+		verdict(2000, 0)
+		if a := find(w.build(2000), "a"); a.Admission != Excluded {
+			t.Fatalf("a provider the operator judged unready is admitted: %+v", a)
+		}
+		// Silence keeps it excluded.
+		if a := find(w.build(60_000), "a"); a.Admission != Excluded {
+			t.Fatalf("silence readmitted it: %+v", a)
+		}
+		verdict(61_000, 1)
+		if a := find(w.build(61_000), "a"); a.Admission != NewAndExisting {
+			t.Errorf("a verdict of 1 did not readmit it: %+v", a)
+		}
+	})
 	t.Run("11 held summed across partitions", func(t *testing.T) {
 		w := newWorld(t, "a")
 		w.publish("a", 1000, obs{running: 10, queue: f(0), held: []float64{0, 4, 3}})

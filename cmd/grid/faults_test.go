@@ -1,0 +1,739 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/faultproxy"
+)
+
+// The fault suite runs a two-site grid of real processes on loopback (a
+// `grid sim`, a `grid operator` and a `grid gateway` per site) with fault
+// proxies of the project's own between the components, injects one fault
+// at a time, and reports what clients saw, what the metrics said, and how
+// long exclusion and recovery took. docs/reliability.md holds the table it
+// prints.
+
+// faultGrid is the running two-site grid.
+type faultGrid struct {
+	// root owns the processes, which outlive any one fault; t is the
+	// current fault's test, which assertions fail.
+	root  *testing.T
+	t     *testing.T
+	dir   string
+	certs string
+	sites map[string]*faultSite
+	// peerLink[a] carries a's operator's polls of the other site's
+	// operator.
+	peerLink map[string]*faultproxy.Proxy
+}
+
+type faultSite struct {
+	name, peer string
+	// sim and its address; metricsLink sits between the operator's
+	// scrapes and the sim (requests go to the sim directly).
+	sim         *process
+	simAddr     string
+	metricsLink *faultproxy.Proxy
+	op, gw      *process
+	opConfig    string
+	gwConfig    string
+	signals     string // operator signals listener
+	opMetrics   string // operator /metrics
+	client      string // gateway client listener
+	hop         string // gateway hop listener
+	gwMetrics   string // gateway /metrics and /api/snapshot
+}
+
+// Timings of the grid under test: short, so faults show within seconds.
+const (
+	faultScrape   = "200ms"
+	faultStale    = "2s" // a provider's stale window
+	faultPeerTTL  = "4s" // how long a silent peer's rows are kept
+	faultPeerPoll = "1s"
+	faultGwPoll   = "500ms"
+)
+
+func startFaultGrid(t *testing.T) *faultGrid {
+	t.Helper()
+	dir := t.TempDir()
+	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}}
+	for _, args := range [][]string{
+		{"certs", "init", "--dir", g.certs},
+		{"certs", "issue", "--dir", g.certs, "--site", "east"},
+		{"certs", "issue", "--dir", g.certs, "--site", "west"},
+	} {
+		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
+			t.Fatalf("grid %v: %v\n%s", args, err, out)
+		}
+	}
+	for _, n := range []string{"east", "west"} {
+		s := &faultSite{name: n, peer: map[string]string{"east": "west", "west": "east"}[n],
+			simAddr: freePort(t), signals: freePort(t), opMetrics: freePort(t), client: freePort(t), hop: freePort(t), gwMetrics: freePort(t)}
+		g.sites[n] = s
+		g.startSim(s)
+		var err error
+		if s.metricsLink, err = faultproxy.Start(s.simAddr); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.metricsLink.Close() })
+	}
+	for _, n := range []string{"east", "west"} {
+		p, err := faultproxy.Start(g.sites[g.sites[n].peer].signals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		g.peerLink[n] = p
+	}
+	for _, s := range g.sites {
+		g.writeConfigs(s)
+		s.op = start(t, "operator", "--config", s.opConfig)
+		s.gw = start(t, "gateway", "--config", s.gwConfig)
+	}
+	for _, from := range []string{"east", "west"} {
+		// A gateway polls while it serves: one request wakes it.
+		eventually(t, from+"'s gateway answers", 15*time.Second, func() bool { return httpGet("http://"+g.sites[from].client+"/v1/models") != "" })
+		for _, to := range []string{"east", "west"} {
+			g.waitReady(from, to, true, 30*time.Second)
+		}
+	}
+	return g
+}
+
+func (g *faultGrid) startSim(s *faultSite) {
+	s.sim = start(g.root, "sim", "--kind", "epp", "--listen", s.simAddr, "--endpoints", "2", "--slots", "8", "--ttft", "10ms", "--tpot", "5ms")
+	eventually(g.t, s.name+" sim up", 10*time.Second, func() bool { return httpGet("http://"+s.simAddr+"/sim/control") != "" })
+}
+
+func (g *faultGrid) writeConfigs(s *faultSite) {
+	tlsBlock := fmt.Sprintf("tls: {ca: %[1]s/ca.crt, cert: %[1]s/%[2]s.crt, key: %[1]s/%[2]s.key, reloadInterval: 1s}", g.certs, s.name)
+	op := fmt.Sprintf(`site: %[1]s
+%[2]s
+signals: {listen: %[3]q}
+metrics: {listen: %[4]q}
+stateDir: %[5]s
+scrapeInterval: %[6]s
+peerPollInterval: %[7]s
+peerPoll: {ttl: %[8]s, timeout: 1s, budget: 2s}
+peers:
+  - {site: %[9]s, signals: "https://%[10]s", gateway: "https://%[11]s"}
+providers:
+  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: epp, upstream: "http://%[12]s", metrics: {endpoint: "http://%[13]s", staleAfter: %[14]s}}
+`, s.name, tlsBlock, s.signals, s.opMetrics, filepath.Join(g.dir, "state-"+s.name), faultScrape, faultPeerPoll, faultPeerTTL,
+		s.peer, g.peerLink[s.name].Addr(), g.sites[s.peer].hop, s.simAddr, s.metricsLink.Addr(), faultStale)
+	s.opConfig = filepath.Join(g.dir, s.name+"-operator.yaml")
+	os.WriteFile(s.opConfig, []byte(op), 0o600)
+	gw := fmt.Sprintf(`site: %[1]s
+%[2]s
+listen: %[3]q
+hop: {listen: %[4]q}
+metrics: {listen: %[5]q}
+operator: {signals: "https://%[6]s"}
+pollInterval: %[7]s
+`, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, faultGwPoll)
+	s.gwConfig = filepath.Join(g.dir, s.name+"-gateway.yaml")
+	os.WriteFile(s.gwConfig, []byte(gw), 0o600)
+}
+
+// ready reports whether from's gateway currently draws on site: the site
+// is admitted (not excluded by readiness or passive health) and measured
+// (its load is known, so the age-aware policy draws from it). A site whose
+// load went silent is unmeasured: kept only as a last resort.
+func (g *faultGrid) ready(from, site string) bool {
+	var v struct {
+		Candidates []struct {
+			Site   string `json:"site"`
+			Ready  bool   `json:"ready"`
+			Active bool   `json:"active"`
+		} `json:"candidates"`
+	}
+	if json.Unmarshal([]byte(httpGet("http://"+g.sites[from].gwMetrics+"/api/snapshot")), &v) != nil {
+		return false
+	}
+	for _, c := range v.Candidates {
+		if c.Site == site && c.Ready && c.Active {
+			return true
+		}
+	}
+	return false
+}
+
+// waitReady waits until from's gateway sees site ready (or not) and
+// returns how long that took.
+func (g *faultGrid) waitReady(from, site string, want bool, within time.Duration) time.Duration {
+	g.t.Helper()
+	start := time.Now()
+	eventually(g.t, fmt.Sprintf("%s's gateway sees %s ready=%v", from, site, want), within, func() bool { return g.ready(from, site) == want })
+	return time.Since(start)
+}
+
+func (g *faultGrid) control(site, body string) {
+	g.t.Helper()
+	resp, err := http.Post("http://"+g.sites[site].simAddr+"/sim/control", "application/json", strings.NewReader(body))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		g.t.Fatalf("sim control %s: %d %s", body, resp.StatusCode, b)
+	}
+}
+
+// metricsOf returns the /metrics text of an operator ("op") or gateway
+// ("gw").
+func (g *faultGrid) metricsOf(site, component string) string {
+	addr := g.sites[site].opMetrics
+	if component == "gw" {
+		addr = g.sites[site].gwMetrics
+	}
+	return httpGet("http://" + addr + "/metrics")
+}
+
+// sample returns the value of the first series of family whose line holds
+// every one of labels, or -1.
+func sample(metrics, family string, labels ...string) float64 {
+	for _, line := range strings.Split(metrics, "\n") {
+		if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(line, l)
+		}
+		if all {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			return v
+		}
+	}
+	return -1
+}
+
+// outcome is one client request's result: the status (0 for a transport
+// failure) and the site that served it.
+type outcome struct {
+	at     time.Time
+	status int
+	site   string
+}
+
+// clients sends one small chat completion at a time to a gateway until
+// stopped, recording each outcome.
+type clients struct {
+	mu   sync.Mutex
+	got  []outcome
+	stop chan struct{}
+	done chan struct{}
+}
+
+func startClients(addr string) *clients {
+	c := &clients{stop: make(chan struct{}), done: make(chan struct{})}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	go func() {
+		defer close(c.done)
+		defer hc.CloseIdleConnections()
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-time.After(40 * time.Millisecond):
+			}
+			o := outcome{at: time.Now()}
+			resp, err := hc.Post("http://"+addr+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				o.status, o.site = resp.StatusCode, resp.Header.Get("X-Grid-Site")
+			}
+			c.mu.Lock()
+			c.got = append(c.got, o)
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *clients) halt() []outcome {
+	close(c.stop)
+	<-c.done
+	return c.got
+}
+
+func (c *clients) since(t time.Time) []outcome {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []outcome
+	for _, o := range c.got {
+		if !o.at.Before(t) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// summary counts outcomes as "200 east: 12, 200 west: 40, 500 east: 5".
+func summary(os []outcome) string {
+	n := map[string]int{}
+	for _, o := range os {
+		k := fmt.Sprintf("%d %s", o.status, o.site)
+		if o.status == 0 {
+			k = "transport error"
+		}
+		n[strings.TrimSpace(k)]++
+	}
+	var keys []string
+	for k := range n {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %d", k, n[k])
+	}
+	return b.String()
+}
+
+// reliabilityRow is one line of docs/reliability.md's table.
+type reliabilityRow struct {
+	fault, expected, observed string
+	exclude, recover          time.Duration
+}
+
+func (r reliabilityRow) String() string {
+	d := func(v time.Duration) string {
+		if v == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f s", v.Seconds())
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |", r.fault, r.expected, r.observed, d(r.exclude), d(r.recover))
+}
+
+// faultCase is one fault injected into a running grid, and what must hold.
+type faultCase struct {
+	name, expected string
+	// clientsAt is the gateway clients use; excluded is the site they must
+	// stop being served by (and its gateway's view, when readiness is what
+	// excludes it).
+	clientsAt, excluded string
+	// byHealth: the site is excluded by the gateway's passive health, not by
+	// readiness, so exclusion is judged by where requests go.
+	byHealth bool
+	// allowed statuses besides 200, with what each means.
+	allowed map[int]string
+	inject  func(g *faultGrid)
+	heal    func(g *faultGrid)
+	// metric checks what the metrics say while the fault holds.
+	metric func(g *faultGrid) error
+}
+
+func runFault(t *testing.T, g *faultGrid, fc faultCase) reliabilityRow {
+	t.Helper()
+	other := g.sites[fc.excluded].peer
+	g.waitReady(fc.clientsAt, fc.excluded, true, 30*time.Second)
+	cl := startClients(g.sites[fc.clientsAt].client)
+	stopped := false
+	defer func() {
+		if !stopped {
+			cl.halt()
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+
+	t0 := time.Now()
+	fc.inject(g)
+	healed := false
+	defer func() {
+		if !healed { // a failed case still leaves the grid whole for the next
+			fc.heal(g)
+		}
+	}()
+	var exclude time.Duration
+	if fc.byHealth {
+		eventually(t, fc.clientsAt+"'s gateway ejects "+fc.excluded, 20*time.Second, func() bool {
+			return sample(g.metricsOf(fc.clientsAt, "gw"), "grid_gateway_upstream_ejections_total", `reason="5xx"`) >= 1
+		})
+		exclude = time.Since(t0)
+		// The first ejection lasts 2 s; inside it, everything goes west.
+		settled := time.Now().Add(200 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond)
+		for _, o := range cl.since(settled) {
+			if o.at.Before(settled.Add(1300*time.Millisecond)) && (o.status != 200 || o.site != other) {
+				t.Errorf("while %s was ejected a request got %d from %q", fc.excluded, o.status, o.site)
+			}
+		}
+	} else {
+		exclude = g.waitReady(fc.clientsAt, fc.excluded, false, 20*time.Second)
+		// Once excluded, everything is served by the other site.
+		settled := time.Now().Add(200 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond)
+		for _, o := range cl.since(settled) {
+			if o.status != 200 || o.site != other {
+				t.Errorf("after %s was excluded a request got %d from %q", fc.excluded, o.status, o.site)
+			}
+		}
+	}
+	if fc.metric != nil {
+		var err error
+		deadline := time.Now().Add(10 * time.Second)
+		for err = fc.metric(g); err != nil && time.Now().Before(deadline); err = fc.metric(g) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("metrics: %v", err)
+		}
+	}
+
+	t1 := time.Now()
+	fc.heal(g)
+	healed = true
+	var recover time.Duration
+	if !fc.byHealth {
+		g.waitReady(fc.clientsAt, fc.excluded, true, 30*time.Second)
+	}
+	eventually(t, "a request served by "+fc.excluded+" again", 40*time.Second, func() bool {
+		for _, o := range cl.since(t1) {
+			if o.status == 200 && o.site == fc.excluded {
+				return true
+			}
+		}
+		return false
+	})
+	recover = time.Since(t1)
+	all := cl.halt()
+	stopped = true
+	for _, o := range all {
+		if o.status != 200 && fc.allowed[o.status] == "" {
+			t.Errorf("a client got %d (site %q) during %s", o.status, o.site, fc.name)
+		}
+	}
+	return reliabilityRow{fault: fc.name, expected: fc.expected, observed: summary(all), exclude: exclude, recover: recover}
+}
+
+// scrapeResult checks the operator of site counts scrape results of one of
+// the classes for its provider.
+func scrapeResult(site string, results ...string) func(g *faultGrid) error {
+	return func(g *faultGrid) error {
+		m := g.metricsOf(site, "op")
+		for _, r := range results {
+			if sample(m, "grid_provider_scrape_total", `grid_provider="`+site+`-pool"`, `result="`+r+`"`) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s's operator counts no scrape result in %v", site, results)
+	}
+}
+
+// peerOutcome checks site's operator counts a non-ok poll outcome of peer.
+func peerOutcome(site, peer string, outcomes ...string) func(g *faultGrid) error {
+	return func(g *faultGrid) error {
+		m := g.metricsOf(site, "op")
+		for _, o := range outcomes {
+			if sample(m, "grid_peer_poll_total", `peer="`+peer+`"`, `outcome="`+o+`"`) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s's operator counts no poll of %s with an outcome in %v", site, peer, outcomes)
+	}
+}
+
+// TestFaults injects each fault in turn into one running grid and checks
+// what clients see, what the metrics say, and recovery. It prints the rows
+// of docs/reliability.md's table.
+func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end fault suite")
+	}
+	g := startFaultGrid(t)
+	backend5xx := map[int]string{500: "the backend's own error, passed through until ejection"}
+	cases := []faultCase{
+		{
+			name: "provider answers /metrics slowly (5 s, over the 2 s timeout)", expected: "east's provider ScrapeTimedOut; clients served by west",
+			clientsAt: "east", excluded: "east",
+			inject: func(g *faultGrid) { g.control("east", `{"metricsDelay":"5s"}`) },
+			heal:   func(g *faultGrid) { g.control("east", `{"metricsDelay":"0s"}`) },
+			metric: scrapeResult("east", "timeout"),
+		},
+		{
+			name: "provider hangs on /metrics", expected: "ScrapeTimedOut; clients served by west",
+			clientsAt: "east", excluded: "east",
+			inject: func(g *faultGrid) { g.control("east", `{"metricsHang":true}`) },
+			heal:   func(g *faultGrid) { g.control("east", `{"metricsHang":false}`) },
+			metric: scrapeResult("east", "timeout"),
+		},
+		{
+			name: "provider returns garbage", expected: "scrape fails (parse / no series); clients served by west",
+			clientsAt: "east", excluded: "east",
+			inject: func(g *faultGrid) {
+				g.sites["east"].metricsLink.SetResponse([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n\x00\xff{{{ not an exposition\nllm_d_epp_ready_endpoints{name=\"x\" 1\n"))
+			},
+			heal:   func(g *faultGrid) { g.sites["east"].metricsLink.Set(faultproxy.Pass) },
+			metric: scrapeResult("east", "parse", "no_series"),
+		},
+		{
+			name: "provider returns more than 1 MiB", expected: "body_cap counted, readiness unknown, then MetricsStale; clients served by west",
+			clientsAt: "east", excluded: "east",
+			inject: func(g *faultGrid) { g.control("east", `{"oversize":true}`) },
+			heal:   func(g *faultGrid) { g.control("east", `{"oversize":false}`) },
+			metric: scrapeResult("east", "body_cap"),
+		},
+		{
+			name: "provider errors on every request (metrics healthy)", expected: "5 errors pass through, then passive health ejects east for 2 s, doubling; clients served by west",
+			clientsAt: "east", excluded: "east", byHealth: true, allowed: backend5xx,
+			inject: func(g *faultGrid) { g.control("east", `{"errorRate":1}`) },
+			heal:   func(g *faultGrid) { g.control("east", `{"errorRate":0}`) },
+			metric: func(g *faultGrid) error {
+				if sample(g.metricsOf("east", "gw"), "grid_gateway_upstream_ejections_total", `reason="5xx"`) < 1 {
+					return fmt.Errorf("east's gateway counts no 5xx ejection")
+				}
+				return nil
+			},
+		},
+		{
+			name: "provider disappears (sim killed, restarted on its port)", expected: "connect failures; requests refused at connect retried on west; no 5xx",
+			clientsAt: "east", excluded: "east",
+			inject: func(g *faultGrid) { kill(g.sites["east"].sim) },
+			heal:   func(g *faultGrid) { g.startSim(g.sites["east"]) },
+			metric: scrapeResult("east", "connect"),
+		},
+		{
+			name: "a site's operator killed, then restarted", expected: "west drops east's rows after the peer TTL; west's clients served by west",
+			clientsAt: "west", excluded: "east",
+			inject: func(g *faultGrid) { kill(g.sites["east"].op) },
+			heal: func(g *faultGrid) {
+				s := g.sites["east"]
+				s.op = start(g.root, "operator", "--config", s.opConfig)
+			},
+			metric: peerOutcome("west", "east", "refused", "transport", "tls", "timeout"),
+		},
+		{
+			name: "peer operator accepts connections and never answers", expected: "poll times out; east's rows age out of west after the peer TTL",
+			clientsAt: "west", excluded: "east",
+			inject: func(g *faultGrid) { g.peerLink["west"].Set(faultproxy.Blackhole) },
+			heal:   func(g *faultGrid) { g.peerLink["west"].Set(faultproxy.Pass) },
+			metric: peerOutcome("west", "east", "timeout"),
+		},
+		{
+			name: "peer trickles its answer (1 byte / 200 ms)", expected: "poll's time limit ends it; east ages out of west",
+			clientsAt: "west", excluded: "east",
+			inject: func(g *faultGrid) { g.peerLink["west"].Set(faultproxy.Trickle) },
+			heal:   func(g *faultGrid) { g.peerLink["west"].Set(faultproxy.Pass) },
+			metric: peerOutcome("west", "east", "timeout", "transport"),
+		},
+		{
+			name: "partition between the operators, then healing", expected: "each site drops the other after the peer TTL and serves its own clients; both rejoin",
+			clientsAt: "east", excluded: "west",
+			inject: func(g *faultGrid) {
+				g.peerLink["east"].Set(faultproxy.Blackhole)
+				g.peerLink["west"].Set(faultproxy.Blackhole)
+			},
+			heal: func(g *faultGrid) {
+				g.peerLink["east"].Set(faultproxy.Pass)
+				g.peerLink["west"].Set(faultproxy.Pass)
+			},
+			metric: func(g *faultGrid) error {
+				if g.ready("west", "east") {
+					return fmt.Errorf("west still draws on east across the partition")
+				}
+				return peerOutcome("east", "west", "timeout")(g)
+			},
+		},
+	}
+	var rows []string
+	for _, fc := range cases {
+		t.Run(fc.name, func(t *testing.T) {
+			g.t = t
+			row := runFault(t, g, fc)
+			rows = append(rows, row.String())
+		})
+		g.t = t
+	}
+	for _, site := range []string{"west", "east"} {
+		t.Run(site+" gateway restarted under load", func(t *testing.T) {
+			g.t = t
+			rows = append(rows, restartGatewayUnderLoad(t, g, site).String())
+		})
+		g.t = t
+	}
+	t.Run("certificate rotation", func(t *testing.T) {
+		g.t = t
+		rows = append(rows, rotateCertificates(t, g).String())
+	})
+	g.t = t
+	t.Logf("docs/reliability.md rows:\n%s", strings.Join(rows, "\n"))
+}
+
+// failedPolls sums the non-ok polls of a gateway (of its operator) or of an
+// operator (of its peers).
+func failedPolls(metrics, family, okLabel string) float64 {
+	total := 0.0
+	for _, line := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(line, family+"{") && !strings.Contains(line, okLabel) {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			total += v
+		}
+	}
+	return total
+}
+
+// rotateCertificates renews east's certificate (operator and gateway share
+// the files) while both gateways serve: no request fails, and no poll of or
+// by east fails beyond one cycle.
+func rotateCertificates(t *testing.T, g *faultGrid) reliabilityRow {
+	for _, to := range []string{"east", "west"} {
+		g.waitReady("east", to, true, 30*time.Second)
+		g.waitReady("west", to, true, 30*time.Second)
+	}
+	polls := func() [3]float64 {
+		return [3]float64{
+			failedPolls(g.metricsOf("east", "gw"), "grid_signals_poll_total", `result="ok"`),
+			failedPolls(g.metricsOf("east", "op"), "grid_peer_poll_total", `outcome="ok"`),
+			failedPolls(g.metricsOf("west", "op"), "grid_peer_poll_total", `outcome="ok"`),
+		}
+	}
+	expiry := func() float64 { return sample(g.metricsOf("east", "op"), "grid_site_identity_expiry_timestamp_seconds") }
+	before, oldExpiry := polls(), expiry()
+	eastClients, westClients := startClients(g.sites["east"].client), startClients(g.sites["west"].client)
+	time.Sleep(500 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // a later second: the renewed certificate's expiry differs
+	t0 := time.Now()
+	if out, err := exec.Command(gridBinary, "certs", "issue", "--dir", g.certs, "--site", "east").CombinedOutput(); err != nil {
+		t.Fatalf("renew east: %v\n%s", err, out)
+	}
+	eventually(t, "east's operator serves the renewed certificate", 10*time.Second, func() bool { return expiry() > oldExpiry })
+	took := time.Since(t0)
+	time.Sleep(3 * time.Second) // several polls on the renewed certificate
+	all := append(eastClients.halt(), westClients.halt()...)
+	for _, o := range all {
+		if o.status != 200 {
+			t.Errorf("a request failed during the rotation: %d from %q", o.status, o.site)
+		}
+	}
+	after := polls()
+	what := []string{"east's gateway polling its operator", "east's operator polling west", "west's operator polling east"}
+	var failed []string
+	for i := range before {
+		d := after[i] - before[i]
+		if d > 1 {
+			t.Errorf("%s: %v failed polls during the rotation, want at most one", what[i], d)
+		}
+		failed = append(failed, fmt.Sprintf("%s %v", what[i], d))
+	}
+	return reliabilityRow{
+		fault:    "east's certificate renewed mid-run (operator and gateway)",
+		expected: "no request fails; at most one failed poll per poller",
+		observed: fmt.Sprintf("%s; failed polls: %s", summary(all), strings.Join(failed, ", ")),
+		recover:  took,
+	}
+}
+
+// streamResult is one streamed completion as its client saw it.
+type streamResult struct {
+	status   int
+	site     string
+	complete bool // the stream ended with data: [DONE]
+	err      error
+}
+
+func streamCompletion(addr string, tokens int) streamResult {
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":true}`, tokens)))
+	if err != nil {
+		return streamResult{err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return streamResult{status: resp.StatusCode, site: resp.Header.Get("X-Grid-Site"), err: err,
+		complete: strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]")}
+}
+
+// restartGatewayUnderLoad sends SIGTERM to site's gateway while east's
+// clients stream long completions (400 tokens, 2 s) and send short ones,
+// then starts it again. Streams in flight through the draining gateway
+// complete; east's gateway answers no 5xx while a healthy site exists (a
+// restarted east gateway refuses connections while down: no answer at all).
+func restartGatewayUnderLoad(t *testing.T, g *faultGrid, site string) reliabilityRow {
+	s := g.sites[site]
+	for _, to := range []string{"east", "west"} {
+		g.waitReady("east", to, true, 30*time.Second)
+	}
+	cl := startClients(g.sites["east"].client)
+	results := make(chan streamResult, 64)
+	var wg sync.WaitGroup
+	began := time.Now()
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results <- streamCompletion(g.sites["east"].client, 400)
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // the streams are under way
+	t0 := time.Now()
+	if code := s.gw.stop(t); code != 0 {
+		t.Errorf("%s's gateway exited %d on SIGTERM", site, code)
+	}
+	drained := time.Since(t0)
+	wg.Wait()
+	close(results)
+	streamed := map[string]int{}
+	for r := range results {
+		if r.err != nil || r.status != 200 || !r.complete {
+			t.Errorf("a stream begun before the restart: %d from %q, complete %v, %v", r.status, r.site, r.complete, r.err)
+		}
+		streamed[r.site]++
+	}
+	t1 := time.Now()
+	s.gw = start(g.root, "gateway", "--config", s.gwConfig)
+	eventually(t, site+"'s gateway back", 15*time.Second, func() bool { return httpGet("http://"+s.client+"/v1/models") != "" })
+	g.waitReady("east", site, true, 30*time.Second)
+	eventually(t, "a request served by "+site+" again", 30*time.Second, func() bool {
+		for _, o := range cl.since(t1) {
+			if o.status == 200 && o.site == site {
+				return true
+			}
+		}
+		return false
+	})
+	recovered := time.Since(t1)
+	all := cl.halt()
+	refusedWhileDown := 0
+	for _, o := range all {
+		switch {
+		case o.status == 0 && site == "east" && o.at.After(t0) && o.at.Before(t1.Add(5*time.Second)):
+			refusedWhileDown++ // east's own gateway was down: connection refused
+		case o.status != 200:
+			t.Errorf("a client of east's gateway got %d (site %q) at %v", o.status, o.site, o.at.Sub(began))
+		}
+	}
+	return reliabilityRow{
+		fault:    site + "'s gateway restarted (SIGTERM, then started) under load",
+		expected: "streams in flight complete during the drain; no 5xx while a healthy site exists",
+		observed: fmt.Sprintf("6 streams complete (%v), drained in %.1f s; short requests: %s", streamed, drained.Seconds(), summary(all)),
+		exclude:  drained, recover: recovered,
+	}
+}
+
+// kill ends a process at once, as a crash would.
+func kill(p *process) {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
