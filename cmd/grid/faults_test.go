@@ -737,3 +737,60 @@ func kill(p *process) {
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.cmd.Wait()
 }
+
+// epochOf starts an operator on cfg and returns the publisher epoch it
+// logs at start, then stops it.
+func epochOf(t *testing.T, cfg string) int64 {
+	t.Helper()
+	op := start(t, "operator", "--config", cfg)
+	var epoch int64
+	eventually(t, "the operator logs its epoch", 10*time.Second, func() bool {
+		out := op.output()
+		i := strings.Index(out, "publisher_epoch=")
+		if i < 0 {
+			return false
+		}
+		_, err := fmt.Sscan(out[i+len("publisher_epoch="):], &epoch)
+		return err == nil
+	})
+	if code := op.stop(t); code != 0 {
+		t.Fatalf("operator exited %d", code)
+	}
+	return epoch
+}
+
+// TestEpochStateFaults: an operator whose epoch state is corrupt refuses to
+// start with a message that names the file and the way out; one whose state
+// was deleted starts a new epoch from the wall clock, above every epoch it
+// published before.
+func TestEpochStateFaults(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	cfg := filepath.Join(dir, "site.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("site: east\nstateDir: %s\nmetrics: {listen: %q}\n", state, freePort(t))), 0o600)
+
+	first := epochOf(t, cfg)
+	second := epochOf(t, cfg)
+	if second <= first {
+		t.Fatalf("restart: epoch %d after %d", second, first)
+	}
+	file := filepath.Join(state, "operator-state.json")
+	for name, content := range map[string]string{"garbage": "{not json", "empty": "", "wrong shape": `{"publisherEpoch":"soon"}`} {
+		t.Run("corrupt "+name, func(t *testing.T) {
+			os.WriteFile(file, []byte(content), 0o600)
+			cmd := exec.Command(gridBinary, "operator", "--config", cfg)
+			out, err := cmd.CombinedOutput()
+			if err == nil || cmd.ProcessState.ExitCode() == 0 {
+				t.Fatalf("started on a corrupt state file:\n%s", out)
+			}
+			if !strings.Contains(string(out), file) || !strings.Contains(string(out), "corrupt") || !strings.Contains(string(out), "delete it") {
+				t.Errorf("the refusal does not name the file, the problem and the way out:\n%s", out)
+			}
+		})
+	}
+	os.Remove(file)
+	third := epochOf(t, cfg)
+	if third <= second {
+		t.Errorf("after the state was deleted: epoch %d, not above %d", third, second)
+	}
+}

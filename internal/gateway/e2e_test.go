@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/gateway"
 	"github.com/grid-inference/grid/internal/identity"
@@ -67,6 +68,8 @@ type gridSpec struct {
 	ceilingFloor float64
 	smoothing    float64
 	policy       string
+	// clocks, where set, are the operators' clocks.
+	clocks map[string]clock.Clock
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -116,7 +119,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.op, err = operator.New(opCfg, state, operator.Options{Identity: id}); err != nil {
+		if s.op, err = operator.New(opCfg, state, operator.Options{Identity: id, Clock: spec.clocks[n]}); err != nil {
 			t.Fatal(err)
 		}
 		ln := s.lns["signals"]
