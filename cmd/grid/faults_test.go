@@ -609,7 +609,9 @@ func rotateCertificates(t *testing.T, g *faultGrid) reliabilityRow {
 			failedPolls(g.metricsOf("west", "op"), "grid_peer_poll_total", `outcome="ok"`),
 		}
 	}
-	expiry := func() float64 { return sample(g.metricsOf("east", "op"), "grid_site_identity_expiry_timestamp_seconds") }
+	expiry := func() float64 {
+		return sample(g.metricsOf("east", "op"), "grid_site_identity_expiry_timestamp_seconds")
+	}
 	before, oldExpiry := polls(), expiry()
 	eastClients, westClients := startClients(g.sites["east"].client), startClients(g.sites["west"].client)
 	time.Sleep(500 * time.Millisecond)
