@@ -56,12 +56,9 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		listeners[name] = ln
 	}
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
-	servers := map[string]*http.Server{
-		// Client and hop requests may stream for as long as the model
-		// generates: no write timeout, but bounded headers and idling.
-		"client":  {Handler: gw.ClientHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog},
-		"hop":     {Handler: gw.HopHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog},
-		"metrics": {Handler: gw.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: errLog},
+	servers := map[string]*http.Server{}
+	for _, name := range []string{"client", "hop", "metrics"} {
+		servers[name] = gw.Server(name, errLog)
 	}
 	// Connection caps apply at accept, before the hop's TLS handshake.
 	listeners["client"] = gw.Guard("client", listeners["client"])

@@ -48,6 +48,9 @@ type GatewayLimits struct {
 	HopConnsPerSource int `yaml:"hopConnsPerSource"`
 	// BodyReadTimeout bounds reading a request's body.
 	BodyReadTimeout Duration `yaml:"bodyReadTimeout"`
+	// HeaderReadTimeout bounds reading a request's headers (and, on the hop
+	// listener, the TLS handshake before them).
+	HeaderReadTimeout Duration `yaml:"headerReadTimeout"`
 }
 
 // OperatorRef locates the local operator.
@@ -108,6 +111,7 @@ const (
 	DefaultHopConns          = 1024
 	DefaultHopConnsPerSource = 256
 	DefaultBodyReadTimeout   = 30 * time.Second
+	DefaultHeaderReadTimeout = 10 * time.Second
 )
 
 func (c *Gateway) applyDefaults() {
@@ -128,6 +132,7 @@ func (c *Gateway) applyDefaults() {
 		c.Limits.HopConnsPerSource = DefaultHopConnsPerSource
 	}
 	setDuration(&c.Limits.BodyReadTimeout, DefaultBodyReadTimeout)
+	setDuration(&c.Limits.HeaderReadTimeout, DefaultHeaderReadTimeout)
 	a := &c.Availability
 	setPtr(&a.Smoothing, DefaultSmoothing)
 	setPtr(&a.CeilingHalfLifeMs, DefaultCeilingHalfLifeMs)

@@ -198,6 +198,7 @@ func (c *Gateway) validate(doc *document) error {
 		}
 	}
 	p.positive("limits.bodyReadTimeout", c.Limits.BodyReadTimeout)
+	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)
 	a := c.Availability
 	inRange := func(path string, v, lo, hi float64) {
 		if math.IsNaN(v) || v < lo || v > hi {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -28,10 +29,16 @@ func serveGuarded(t *testing.T, g *Gateway, listener string, set func(*config.Ga
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: g.ClientHandler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := g.Server("client", nil)
 	done := make(chan struct{})
 	go func() { srv.Serve(g.Guard(listener, raw)); close(done) }()
-	t.Cleanup(func() { srv.Close(); <-done })
+	t.Cleanup(func() {
+		// Shutdown, unlike Close, waits for every connection's goroutine.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-done
+	})
 	return raw.Addr().String()
 }
 
@@ -167,5 +174,29 @@ func TestBodyTimeoutSparesTheStream(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Errorf("an 800ms stream under a 200ms body timeout: %d %v %q", resp.StatusCode, err, body)
+	}
+}
+
+// TestSlowHeadersAreCut: a client that opens a request and never finishes
+// its headers (slowloris) loses its connection after the header timeout.
+func TestSlowHeadersAreCut(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.HeaderReadTimeout = config.Duration(300 * time.Millisecond) })
+	c := dialFrom(t, "127.0.0.1", addr)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: grid\r\nX-Slow: ")
+	io.Copy(io.Discard, c) // returns when the server closes
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("a client that never finished its headers held the connection %v", d)
+	}
+	// Headers over 64 KiB are refused.
+	big := dialFrom(t, "127.0.0.1", addr)
+	big.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(big, "GET /v1/models HTTP/1.1\r\nHost: grid\r\nX-Big: %s\r\n\r\n", strings.Repeat("a", 128<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(big), nil)
+	if err == nil && resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("128 KiB of headers: %d, want 431", resp.StatusCode)
 	}
 }

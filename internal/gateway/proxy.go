@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -42,6 +43,30 @@ func (g *Gateway) Guard(listener string, ln net.Listener) net.Listener {
 	}
 	shed := g.m.connsShed
 	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(listener, limit).Inc() })
+}
+
+// Server returns the HTTP server of one of the gateway's listeners:
+// "client", "hop" or "metrics". Client and hop requests may stream for as
+// long as the model generates, so there is no write timeout; headers are
+// bounded in size and time, and idle connections closed. Limits are read
+// once, at start.
+func (g *Gateway) Server(listener string, errLog *log.Logger) *http.Server {
+	lim := g.cfg.Load().Limits
+	srv := &http.Server{
+		ReadHeaderTimeout: lim.HeaderReadTimeout.D(),
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          errLog,
+	}
+	switch listener {
+	case "client":
+		srv.Handler = g.ClientHandler()
+	case "hop":
+		srv.Handler = g.HopHandler()
+	default:
+		srv.Handler = g.MetricsHandler()
+	}
+	return srv
 }
 
 // ClientHandler serves the OpenAI API to clients.

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -234,5 +235,43 @@ func TestOldConnectionClosesGracefully(t *testing.T) {
 	}
 	if _, reused := get(); reused {
 		t.Error("the old connection was used again")
+	}
+}
+
+// TestSlowHeadersAfterHandshake: a verified peer that completes its
+// handshake and then never finishes its request's headers loses the
+// connection after the header bound, and its slot with it.
+func TestSlowHeadersAfterHandshake(t *testing.T) {
+	dir := pki(t, "east", "west")
+	lim := DefaultLimits
+	lim.HeaderRead, lim.PerPeer = 300*time.Millisecond, 1
+	east := startSiteLimits(t, lim, dir, "east", t.TempDir(), "", nil, "west=https://127.0.0.1:1")
+	conf, err := idSource(t, dir, "west").ClientTLS("east")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tls.Dial("tcp", east.addr, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	io.WriteString(c, "GET "+SignalsPath+" HTTP/1.1\r\nHost: east\r\nX-Slow: ")
+	io.Copy(io.Discard, c)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("a peer that never finished its headers held the connection %v", d)
+	}
+	// Its per-peer slot is free again: a well-behaved connection gets in.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		code, err := fetch(client(t, idSource(t, dir, "west")), east.addr)
+		if err == nil && code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot of a cut connection was not released: %d %v", code, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
