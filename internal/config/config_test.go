@@ -203,3 +203,18 @@ func FuzzParseOperator(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseGateway(f *testing.F) {
+	f.Add([]byte("site: east\noperator: {signals: 'https://127.0.0.1:9091'}\ntls: {ca: a, cert: b, key: c}\n"))
+	f.Add([]byte("site: east\navailability: {smoothing: 2, policy: fast}\nlimits: {clientConns: -1}\n"))
+	f.Add([]byte("[[["))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseGateway("fuzz.yaml", data)
+		if err != nil {
+			return
+		}
+		if !IsDNS1123Label(c.Site) || c.TLS == nil || c.PollInterval <= 0 || *c.Availability.Smoothing <= 0 || *c.Availability.Smoothing > 1 {
+			t.Fatalf("accepted an invalid configuration: %+v", c)
+		}
+	})
+}

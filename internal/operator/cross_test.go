@@ -24,7 +24,7 @@ import (
 )
 
 // pki is a grid CA with certificates for the named sites.
-func pki(t *testing.T, sites ...string) string {
+func pki(t testing.TB, sites ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := identity.Init(dir, "grid.internal", time.Now()); err != nil {
@@ -43,7 +43,7 @@ func tlsFiles(dir, site string) *config.TLS {
 	return &config.TLS{CA: filepath.Join(dir, "ca.crt"), Cert: crt, Key: key}
 }
 
-func idSource(t *testing.T, dir, site string) *identity.Source {
+func idSource(t testing.TB, dir, site string) *identity.Source {
 	t.Helper()
 	s, err := identity.LoadSource(*tlsFiles(dir, site), "grid.internal", site, nil, nil)
 	if err != nil {
@@ -109,7 +109,7 @@ func startSiteLimits(t *testing.T, lim Limits, dir, name, stateDir, addr string,
 }
 
 // reparse runs a config through the real loader for defaults and validation.
-func reparse(t *testing.T, c *config.Operator) *config.Operator {
+func reparse(t testing.TB, c *config.Operator) *config.Operator {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "site: %s\nstateDir: %s\npeerPollInterval: 1s\n", c.Site, c.StateDir)
