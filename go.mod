@@ -2,6 +2,8 @@ module github.com/grid-inference/grid
 
 go 1.26.8
 
+toolchain go1.27.3
+
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
