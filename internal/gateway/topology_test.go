@@ -42,3 +42,32 @@ func TestTopologyTakesUpstreamsFromLocalConfig(t *testing.T) {
 		t.Errorf("north candidate %+v: a site without a configured gateway must have no route", c)
 	}
 }
+
+// TestHopRoutesLocallyOnly: a request a peer forwarded is routed among this
+// site's own providers only, never forwarded again, so two gateways cannot
+// bounce a request between them.
+func TestHopRoutesLocallyOnly(t *testing.T) {
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	g.serving.Store(&operator.Serving{
+		Site:      "east",
+		Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers:     []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
+	})
+	const now = 1_000_000
+	g.store.Ingest([]byte(fmt.Sprintf("grid_provider_info{grid_provider=\"p\",grid_site=\"west\",model=%q} 1 %d\n", sim.DefaultModel, now)), now, now, now, "east", true)
+	g.refresh()
+	sites := func(s *route.Snapshot) map[string]bool {
+		out := map[string]bool{}
+		for _, c := range s.Candidates {
+			out[c.Site] = true
+		}
+		return out
+	}
+	if got := sites(g.snapshot(false)); !got["west"] || !got["east"] {
+		t.Fatalf("client view %v, want east and west", got)
+	}
+	if got := sites(g.snapshot(true)); got["west"] || !got["east"] {
+		t.Errorf("hop view %v, want east only", got)
+	}
+}
