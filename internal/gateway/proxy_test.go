@@ -104,3 +104,36 @@ func TestHopRefusesNonPeers(t *testing.T) {
 		t.Errorf("status %d", resp.StatusCode)
 	}
 }
+
+// TestInternalHeadersAreStripped: a client cannot steer routing or forge
+// the answer's provenance with the headers Grid uses itself.
+func TestInternalHeadersAreStripped(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		io.WriteString(w, "{}")
+	}))
+	defer upstream.Close()
+	g := gatewayWithEastPoolAt(t, upstream.URL)
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"`+sim.DefaultModel+`"}`))
+	for _, h := range []string{"X-Grid-Site", "X-Grid-Backend", "X-Ai-Routing-Candidate", "X-Ai-Routing-Revision"} {
+		req.Header.Set(h, "forged")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got := <-seen
+	for _, h := range []string{"X-Grid-Site", "X-Grid-Backend", "X-Ai-Routing-Candidate", "X-Ai-Routing-Revision"} {
+		if got.Get(h) != "" {
+			t.Errorf("%s reached the upstream: %q", h, got.Get(h))
+		}
+	}
+	if resp.Header.Get("X-Grid-Site") != "east" || resp.Header.Get("X-Grid-Backend") != "pool" {
+		t.Errorf("answer provenance: site %q backend %q", resp.Header.Get("X-Grid-Site"), resp.Header.Get("X-Grid-Backend"))
+	}
+}
