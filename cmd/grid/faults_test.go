@@ -488,11 +488,20 @@ func TestFaults(t *testing.T) {
 			metric: scrapeResult("east", "parse", "no_series"),
 		},
 		{
-			name: "provider returns more than 1 MiB", expected: "body_cap counted, readiness unknown, then MetricsStale; clients served by west",
+			name:      "provider returns more than 1 MiB",
+			expected:  "body_cap counted; readiness Unknown (NoLivenessCheck: the endpoint answered, it is not declared down) and no load published, so east is unmeasured and drawn only as a last resort; clients served by west",
 			clientsAt: "east", excluded: "east",
 			inject: func(g *faultGrid) { g.control("east", `{"oversize":true}`) },
 			heal:   func(g *faultGrid) { g.control("east", `{"oversize":false}`) },
-			metric: scrapeResult("east", "body_cap"),
+			metric: func(g *faultGrid) error {
+				if err := scrapeResult("east", "body_cap")(g); err != nil {
+					return err
+				}
+				if sample(g.metricsOf("east", "op"), "grid_provider_readiness", `reason="NoLivenessCheck"`, `status="Unknown"`) != 1 {
+					return fmt.Errorf("east's provider is not NoLivenessCheck/Unknown")
+				}
+				return nil
+			},
 		},
 		{
 			name: "provider errors on every request (metrics healthy)", expected: "5 errors pass through, then passive health ejects east for 2 s, doubling; clients served by west",
