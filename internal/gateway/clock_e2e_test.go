@@ -102,7 +102,8 @@ func TestPeerClockFaults(t *testing.T) {
 			skew := metric(east.gw.MetricsHandler(), "grid_signals_ingest_dropped_total", `reason="skew"`) - skewBefore
 			refused := metric(east.op.Handler(), "grid_peer_signals_refused_total", `peer="west"`) - refusedBefore
 			t.Logf("west %s: %d of 40 requests served by west; rows refused after the step: %v at east's operator, %v skew drops at east's gateway", phase.name, servedWest, refused, skew)
-			if servedWest == 0 || skew != 0 || refused != 0 {
+			// Two idle sites of equal capacity share sequential requests.
+			if servedWest < 8 || servedWest > 32 || skew != 0 || refused != 0 {
 				t.Errorf("west's clock %s disturbed routing: %d served by west, %v refused, %v skew drops", phase.name, servedWest, refused, skew)
 			}
 		})

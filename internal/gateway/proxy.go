@@ -177,7 +177,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	g.waitFirst(r.Context())
 	snap := g.snapshot(hop)
 	turn := g.turn.Add(1)
-	pick := snap.Pick(model, turn)
+	pick := snap.Pick(model, turn, g.timeline.NowMs())
 	if pick.Candidate == nil {
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return

@@ -3,6 +3,7 @@ package route
 import (
 	"math"
 	"sort"
+	"sync/atomic"
 
 	"github.com/grid-inference/grid/internal/loadstore"
 )
@@ -55,12 +56,9 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 			c.Active = c.Predicted <= level+1e-9
 			c.own = b.ownFor(c)
 			c.level = level
-			c.ownWeight = 1
-			if a := float64(max(now-c.latestAt, 0)) / d; a > 1e-6 {
-				c.ownWeight = (1 - math.Exp(-a)) / a // mean of e^-t over the age
-			}
 		}
 	}
+	snap.meanMs = d
 }
 
 // drain predicts a load (in-flight over capacity) age mean durations later
@@ -108,17 +106,21 @@ func (b *Builder) ownFor(c *Candidate) *ownSends {
 }
 
 // pickAgeAware draws two active candidates by capacity and takes the one
-// with the lower predicted load after this gateway's own sends since its
-// reading. Own sends also move the active set between snapshots: once they
+// with the lower predicted load after this gateway's own sends still in
+// flight. Own sends also move the active set between snapshots: once they
 // lift the active sites past the next one, it joins, so a burst between two
 // polls spreads as the water would. It returns -1 when no healthy candidate
 // was interpreted.
-func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
+func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) int32 {
+	// Each healthy candidate's load, read once: decaying own sends costs an
+	// exponential.
+	var loads [MaxSites]float64
 	level, minLoad := math.Inf(-1), math.Inf(1)
-	for _, i := range healthy {
+	for k, i := range healthy {
 		if c := &s.Candidates[i]; c.own != nil {
+			loads[k] = s.load(i, nowMs)
 			level = c.level
-			minLoad = math.Min(minLoad, s.load(i))
+			minLoad = math.Min(minLoad, loads[k])
 		}
 	}
 	if math.IsInf(minLoad, 1) {
@@ -126,27 +128,87 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64) int32 {
 	}
 	level = math.Max(level, minLoad) + 1e-9
 	var active [MaxSites]int32
+	var activeLoad [MaxSites]float64
 	n := 0
-	for _, i := range healthy {
-		if s.Candidates[i].own != nil && s.load(i) <= level {
-			active[n] = i
+	for k, i := range healthy {
+		if s.Candidates[i].own != nil && loads[k] <= level {
+			active[n], activeLoad[n] = i, loads[k]
 			n++
 		}
 	}
 	first := s.weighted(active[:n], -1, u0, ceiling)
 	second := s.weighted(active[:n], first, u1, ceiling)
 	pick := first
-	if second >= 0 && s.load(second) < s.load(first) {
+	if second >= 0 && loadOf(active[:n], activeLoad[:n], second) < loadOf(active[:n], activeLoad[:n], first) {
 		pick = second
 	}
-	s.Candidates[pick].own.n.Add(1)
+	s.Candidates[pick].own.add(nowMs, s.meanMs)
 	return pick
 }
 
-func (s *Snapshot) load(i int32) float64 {
+// loadOf finds candidate i's load among the active ones.
+func loadOf(active []int32, loads []float64, i int32) float64 {
+	for k, a := range active {
+		if a == i {
+			return loads[k]
+		}
+	}
+	return math.Inf(1)
+}
+
+func (s *Snapshot) load(i int32, nowMs int64) float64 {
 	c := &s.Candidates[i]
-	return c.Predicted + c.ownWeight*float64(c.own.n.Load())/c.Ceiling
+	return c.Predicted + c.own.inFlight(nowMs, s.meanMs)/c.Ceiling
 }
 
 // ceiling weighs an active candidate by its learned ceiling.
 func ceiling(c *Candidate) float64 { return c.Ceiling }
+
+// ownSends estimates how many of this gateway's sends to one candidate,
+// made since its reading, are still in flight: each completes at the rate
+// of the mean duration (exponential service), so a burst just sent counts
+// fully, and sends long finished count for nothing, whatever the reading's
+// age. The estimate at the last send and that send's instant share one
+// word, updated by compare-and-swap: the request path takes no lock.
+type ownSends struct {
+	readingAt int64 // ms on the store timeline
+	// state is the estimate's float32 bits above the last send's instant,
+	// in ms since readingAt.
+	state atomic.Uint64
+}
+
+func (o *ownSends) unpack(w uint64) (estimate float64, atMs int64) {
+	return float64(math.Float32frombits(uint32(w >> 32))), int64(uint32(w))
+}
+
+// since is nowMs relative to the reading, clamped to what the word holds.
+func (o *ownSends) since(nowMs int64) int64 {
+	return min(max(nowMs-o.readingAt, 0), math.MaxUint32)
+}
+
+func decayed(estimate float64, elapsedMs int64, meanMs float64) float64 {
+	if elapsedMs <= 0 || estimate == 0 {
+		return estimate
+	}
+	return estimate * math.Exp(-float64(elapsedMs)/meanMs)
+}
+
+// inFlight is the estimate at nowMs.
+func (o *ownSends) inFlight(nowMs int64, meanMs float64) float64 {
+	v, at := o.unpack(o.state.Load())
+	return decayed(v, o.since(nowMs)-at, meanMs)
+}
+
+// add records a send at nowMs.
+func (o *ownSends) add(nowMs int64, meanMs float64) {
+	rel := o.since(nowMs)
+	for {
+		old := o.state.Load()
+		v, at := o.unpack(old)
+		next := decayed(v, rel-at, meanMs) + 1
+		w := uint64(math.Float32bits(float32(next)))<<32 | uint64(uint32(max(rel, at)))
+		if o.state.CompareAndSwap(old, w) {
+			return
+		}
+	}
+}

@@ -360,7 +360,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		counts := map[string]int{}
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn)
+			p := snap.Pick("m", turn, snap.BuiltAt)
 			if p.Path != PathTwoChoices {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -381,7 +381,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		b := 0
 		for turn := range uint64(4000) {
-			if snap.Pick("m", turn).Candidate.Site == "b" {
+			if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
 				b++
 			}
 		}
@@ -398,7 +398,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		a := 0
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn)
+			p := snap.Pick("m", turn, snap.BuiltAt)
 			if p.Path != PathByCapacity {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -418,7 +418,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		counts := map[string]int{}
 		for turn := range uint64(3000) {
-			counts[snap.Pick("m", turn).Candidate.Site]++
+			counts[snap.Pick("m", turn, snap.BuiltAt).Candidate.Site]++
 		}
 		for s, n := range counts {
 			if n < 850 || n > 1150 {
@@ -433,7 +433,7 @@ func TestSelectionProperties(t *testing.T) {
 		w.publish("c", 1000, obs{running: 1, queue: f(0)})
 		snap := w.b.Build(w.store, w.cands, 1000, func(c *Candidate) bool { return c.Site == "c" }, w.set)
 		for turn := range uint64(1000) {
-			if s := snap.Pick("m", turn).Candidate.Site; s != "a" {
+			if s := snap.Pick("m", turn, snap.BuiltAt).Candidate.Site; s != "a" {
 				t.Fatalf("picked %s", s)
 			}
 		}
@@ -442,22 +442,22 @@ func TestSelectionProperties(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	w := newWorld(t, "a")
-	if p := w.build(0).Pick("m", 0); p.Outcome != Routed {
+	if p := w.build(0).Pick("m", 0, 0); p.Outcome != Routed {
 		t.Errorf("cold start with no signals: %+v", p) // unmeasured, by capacity
 	}
-	if p := (&Snapshot{}).Pick("m", 0); p.Outcome != NoRoute {
+	if p := (&Snapshot{}).Pick("m", 0, 0); p.Outcome != NoRoute {
 		t.Errorf("empty snapshot: %v", p.Outcome)
 	}
-	if p := w.build(0).Pick("other", 0); p.Outcome != UnknownModel {
+	if p := w.build(0).Pick("other", 0, 0); p.Outcome != UnknownModel {
 		t.Errorf("unknown model: %v", p.Outcome)
 	}
 	w.publish("a", 1000, obs{running: 1, zero: true})
-	if p := w.build(1000).Pick("m", 0); p.Outcome != NotReady {
+	if p := w.build(1000).Pick("m", 0, 1000); p.Outcome != NotReady {
 		t.Errorf("every candidate excluded: %v", p.Outcome)
 	}
 	w.cands[0].Upstream = nil
 	w.publish("a", 2000, obs{running: 1})
-	if p := w.build(2000).Pick("m", 0); p.Outcome != NoRoute {
+	if p := w.build(2000).Pick("m", 0, 2000); p.Outcome != NoRoute {
 		t.Errorf("admitted but unroutable: %v", p.Outcome)
 	}
 }
@@ -472,7 +472,7 @@ func TestPickAllocatesNothing(t *testing.T) {
 		snap := w.build(2000)
 		turn := uint64(0)
 		var path Path
-		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn).Path }); n != 0 {
+		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn, snap.BuiltAt).Path }); n != 0 {
 			t.Errorf("age-aware %v: Pick allocates %v times", ageAware, n)
 		}
 		if ageAware && path != PathAgeAware {
@@ -503,22 +503,26 @@ func TestAgeAwareReadsAge(t *testing.T) {
 }
 
 func BenchmarkPick(b *testing.B) {
-	for _, n := range []int{8, 64} {
-		b.Run(fmt.Sprintf("sites=%d", n), func(b *testing.B) {
-			w := newWorld(&testing.T{})
-			for i := range n {
-				site := fmt.Sprintf("s%02d", i)
-				w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
-				w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
-			}
-			snap := w.build(1000)
-			b.ReportAllocs()
-			turn := uint64(0)
-			for b.Loop() {
-				turn++
-				snap.Pick("m", turn)
-			}
-		})
+	for _, ageAware := range []bool{false, true} {
+		for _, n := range []int{8, 64} {
+			policy := map[bool]string{false: "reference", true: "age-aware"}[ageAware]
+			b.Run(fmt.Sprintf("policy=%s/sites=%d", policy, n), func(b *testing.B) {
+				w := newWorld(&testing.T{})
+				w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = ageAware, 2000, 5000
+				for i := range n {
+					site := fmt.Sprintf("s%02d", i)
+					w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
+					w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
+				}
+				snap := w.build(1000)
+				b.ReportAllocs()
+				turn := uint64(0)
+				for b.Loop() {
+					turn++
+					snap.Pick("m", turn, 1000+int64(turn%1000)) // time moves, as on the request path
+				}
+			})
+		}
 	}
 }
 
@@ -536,12 +540,45 @@ func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
 	snap := w.build(2000)
 	b := 0
 	for turn := range uint64(4000) {
-		if snap.Pick("m", turn).Candidate.Site == "b" {
+		if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
 			b++
 		}
 	}
 	// rates 40 and 120: b takes three quarters.
 	if b < 2800 || b > 3200 {
 		t.Errorf("b got %d of 4000, want about 3000", b)
+	}
+}
+
+// TestAgeAwareOwnSendsDecay: this gateway's own sends count while they are
+// likely in flight, whatever the age of the reading they add to. Idle sites
+// whose readings differ in age share sequential requests evenly (an older
+// reading does not make old sends weigh less than new ones), and a burst
+// sent at one instant spreads evenly too.
+func TestAgeAwareOwnSendsDecay(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
+	w.publish("a", 1000, obs{running: 8, queue: f(0)}) // teach both 8
+	w.publish("b", 1000, obs{running: 8, queue: f(0)})
+	w.build(1000)
+	w.publish("b", 2000, obs{running: 0, queue: f(0)}) // b's reading: 1 s old at 3000
+	w.publish("a", 2990, obs{running: 0, queue: f(0)}) // a's: fresh
+	snap := w.build(3000)
+	counts := map[string]int{}
+	for k := range int64(400) { // one request every two mean durations
+		counts[snap.Pick("m", uint64(k), 3000+200*k).Candidate.Site]++
+	}
+	if counts["a"] < 140 || counts["b"] < 140 {
+		t.Errorf("sequential requests on idle sites: %v, want an even split", counts)
+	}
+	w.publish("a", 90_000, obs{running: 0, queue: f(0)})
+	w.publish("b", 90_000, obs{running: 0, queue: f(0)})
+	snap = w.build(90_500)
+	burst := map[string]int{}
+	for k := range uint64(16) {
+		burst[snap.Pick("m", 1000+k, 90_500).Candidate.Site]++
+	}
+	if burst["a"] < 6 || burst["b"] < 6 {
+		t.Errorf("a burst of 16 on idle sites: %v, want about 8 each", burst)
 	}
 }

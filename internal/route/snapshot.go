@@ -69,16 +69,14 @@ type Candidate struct {
 	Active bool
 	// Predicted is the predicted present load over capacity.
 	Predicted float64
-	// own counts this gateway's sends to the candidate since its latest
-	// reading; shared by the snapshots that carry that reading.
+	// own estimates this gateway's sends to the candidate since its latest
+	// reading that are still in flight; shared by the snapshots that carry
+	// that reading.
 	own      *ownSends
 	latestAt int64
 	// level is the common level of the candidate's model group.
 	level float64
-	// ownWeight discounts own sends by the share still in flight: sends
-	// spread over a reading's age have, on average, partly completed.
-	ownWeight float64
-	Full      Tri
+	Full  Tri
 	Relieved  Tri
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
@@ -122,6 +120,9 @@ var DefaultSettings = Settings{
 type Snapshot struct {
 	Candidates []Candidate
 	ageAware   bool
+	// meanMs is the mean request duration the age-aware policy reads ages
+	// and own sends in.
+	meanMs float64
 	// byModel lists, per model, candidate indexes in snapshot order.
 	byModel  map[string][]int32
 	Shedding map[string]bool
@@ -152,12 +153,6 @@ func (s *Snapshot) Models() []string {
 }
 
 // learned is what the builder carries across refreshes for one candidate.
-// ownSends counts a gateway's picks of one candidate since a reading.
-type ownSends struct {
-	n         atomic.Int64
-	readingAt int64
-}
-
 type learned struct {
 	soft       float64
 	hard       Opt

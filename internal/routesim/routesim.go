@@ -182,7 +182,7 @@ func Run(cfg Config) Result {
 				push(event{at: now + rng.ExpFloat64()/lambda, kind: arrival})
 			}
 			k := rng.IntN(len(gws))
-			i := choose(cfg.Policy, gws[k], sites, rng)
+			i := choose(cfg.Policy, gws[k], sites, rng, now)
 			r := request{arrived: now, service: service(), gw: k}
 			s := &sites[i]
 			if s.running < s.slots {
@@ -255,14 +255,14 @@ func (g *gateway) ingest(sites []site, now float64) {
 }
 
 // choose routes one request by policy.
-func choose(policy string, g *gateway, sites []site, rng *rand.Rand) int {
+func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) int {
 	switch policy {
 	case Reference, AgeAware:
 		if g.snap == nil {
 			return rng.IntN(len(sites))
 		}
 		g.turn++
-		p := g.snap.Pick("m", g.turn)
+		p := g.snap.Pick("m", g.turn, int64(now*unit))
 		if p.Candidate == nil {
 			return rng.IntN(len(sites))
 		}
