@@ -75,9 +75,9 @@ type Candidate struct {
 	own      *ownSends
 	latestAt int64
 	// level is the common level of the candidate's model group.
-	level float64
-	Full  Tri
-	Relieved  Tri
+	level    float64
+	Full     Tri
+	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
 	Learnable bool
