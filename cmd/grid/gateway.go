@@ -62,6 +62,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	}
 	// Connection caps apply at accept, before the hop's TLS handshake.
 	listeners["client"] = gw.Guard("client", listeners["client"])
+	listeners["metrics"] = gw.Guard("metrics", listeners["metrics"])
 	listeners["hop"] = tls.NewListener(gw.Guard("hop", listeners["hop"]), id.ServerTLS())
 	log.Info("gateway started", "client", listeners["client"].Addr().String(), "hop", listeners["hop"].Addr().String(),
 		"metrics", listeners["metrics"].Addr().String(), "operator", cfg.Operator.Signals)

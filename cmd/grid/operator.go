@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -63,7 +63,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("signals listener: %w", err)
 		}
 	}
-	srv := &http.Server{Handler: op.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv, guarded := op.MetricsServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 	log.Info("operator started", "metrics", ln.Addr().String(), "providers", len(cfg.Providers), "peers", len(cfg.Peers), "publisher_epoch", op.Epoch())
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -92,7 +92,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 			}
 		})
 	}
-	err = serveUntilDone(runCtx, srv, ln, e, *drain)
+	err = serveUntilDone(runCtx, srv, guarded, e, *drain)
 	cancel()
 	wg.Wait()
 	if signalsErr != nil {

@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		duration:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),
 		retries:          prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
-		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop) and limit (total, source)."}, []string{"listener", "limit"}),
+		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop, metrics) and limit (total, source)."}, []string{"listener", "limit"}),
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: a refused connection, or five 5xx answers in a row."}, []string{"reason"}),
 		published:        map[[2]string]bool{},
 		shedModels:       map[string]bool{},
@@ -77,7 +77,7 @@ func newMetrics() *metrics {
 	for _, r := range []string{ejectRefused, eject5xx} {
 		m.ejections.WithLabelValues(r)
 	}
-	for _, ln := range []string{"client", "hop"} {
+	for _, ln := range []string{"client", "hop", "metrics"} {
 		for _, lim := range []string{connlimit.ShedTotal, connlimit.ShedSource} {
 			m.connsShed.WithLabelValues(ln, lim)
 		}

@@ -33,13 +33,23 @@ const (
 // internalHeaders never pass from a client to an upstream.
 var internalHeaders = []string{"X-Ai-Routing-Candidate", "X-Ai-Routing-Request-Id", "X-Ai-Routing-Revision", headerSite, headerBackend}
 
-// Guard bounds ln, the client or the hop listener, by the configured limits
-// (read once, at start), counting the connections it sheds.
+// MetricsConns bounds the metrics listener's open connections: a
+// Prometheus server and a dashboard or two hold a handful.
+const MetricsConns = 256
+
+// Guard bounds ln, the "client", "hop" or "metrics" listener, by the
+// configured limits (read once, at start), counting the connections it
+// sheds.
 func (g *Gateway) Guard(listener string, ln net.Listener) net.Listener {
 	lim := g.cfg.Load().Limits
-	l := connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
-	if listener == "hop" {
+	var l connlimit.Limits
+	switch listener {
+	case "client":
+		l = connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
+	case "hop":
 		l = connlimit.Limits{Total: lim.HopConns, PerSource: lim.HopConnsPerSource, PerSource48: 4 * lim.HopConnsPerSource}
+	default:
+		l = connlimit.Limits{Total: MetricsConns}
 	}
 	shed := g.m.connsShed
 	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(listener, limit).Inc() })

@@ -1,13 +1,17 @@
 package operator
 
 import (
+	"log"
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/grid-inference/grid/internal/backend"
+	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
@@ -17,6 +21,7 @@ type metrics struct {
 	scrapes     scrapeCounter
 	lastSuccess *prometheus.GaugeVec
 	reloads     *prometheus.CounterVec
+	metricsShed prometheus.Counter
 	peers       *peerMetrics
 }
 
@@ -47,11 +52,15 @@ func newMetrics(o *Operator) *metrics {
 			Name: "grid_config_reload_total",
 			Help: "Configuration reloads by result: applied or rejected.",
 		}, []string{"result"}),
+		metricsShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grid_metrics_connections_shed_total",
+			Help: "Connections to the plain operations listener closed at accept for its cap.",
+		}),
 	}
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
 	m.peers = newPeerMetrics(m.reg)
-	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, storeCollector{o},
+	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, m.metricsShed, storeCollector{o},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -159,6 +168,19 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return true
 	})
+}
+
+// MetricsConns bounds the plain operations listener's open connections: a
+// Prometheus server holds one; no client needs hundreds.
+const MetricsConns = 256
+
+// MetricsServer returns the server of the plain operations listener and ln
+// bounded to MetricsConns, with headers bounded in size and time.
+func (o *Operator) MetricsServer(ln net.Listener, errLog *log.Logger) (*http.Server, net.Listener) {
+	srv := &http.Server{Handler: o.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 16 << 10, ErrorLog: errLog}
+	shed := o.m.metricsShed
+	return srv, connlimit.New(ln, connlimit.Limits{Total: MetricsConns}, func(string) { shed.Inc() })
 }
 
 // Handler serves the plain operations listener: /metrics, /healthz, /readyz.
