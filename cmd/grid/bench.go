@@ -15,6 +15,7 @@ func runBench(_ context.Context, args []string, e *env) error {
 	quick := fs.Bool("quick", false, "a subset that runs in under a minute")
 	requests := fs.Int("requests", 100_000, "requests per cell")
 	seed := fs.Uint64("seed", 7, "simulation seed")
+	sweep := fs.Bool("sweep", false, "also the robustness sweep: loads 0.7/0.9/0.95 and K = 1/4/16 against weighted round robin")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -24,6 +25,11 @@ func runBench(_ context.Context, args []string, e *env) error {
 	}
 	for _, sc := range scenarios {
 		routesim.WriteTable(e.stdout, sc, ages, *requests, *seed)
+	}
+	if *sweep {
+		for _, sc := range []routesim.Scenario{routesim.Scenarios[0], routesim.Scenarios[3]} {
+			routesim.WriteSweep(e.stdout, sc.Slots, sc.Lognormal, routesim.SweepLoads, routesim.SweepGateways, ages, *requests, *seed)
+		}
 	}
 	return nil
 }

@@ -48,3 +48,47 @@ func WriteTable(w io.Writer, sc Scenario, ages []float64, requests int, seed uin
 	tw.Flush()
 	fmt.Fprintln(w)
 }
+
+// Sweep is the robustness check of the default policy: loads and gateway
+// counts around the benchmark's operating point.
+var (
+	SweepLoads    = []float64{0.7, 0.9, 0.95}
+	SweepGateways = []int{1, 4, 16}
+)
+
+// WriteSweep runs the default policy and weighted round robin over loads,
+// gateway counts and ages on slots, and writes the ratio of their means
+// (and p99s): below 1 the default is better.
+func WriteSweep(w io.Writer, slots []int, lognormal bool, loads []float64, gateways []int, ages []float64, requests int, seed uint64) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "age-aware / weighted-rr, mean and p99 time in system, sites %s (%d requests per cell)\n", joinInts(slots), requests)
+	head := []string{"load", "K"}
+	for _, a := range ages {
+		head = append(head, fmt.Sprintf("T=%g", a))
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	for _, load := range loads {
+		for _, k := range gateways {
+			row := []string{fmt.Sprint(load), fmt.Sprint(k)}
+			for _, a := range ages {
+				cfg := Config{Slots: slots, Load: load, Gateways: k, BoardAge: a, Requests: requests, Seed: seed, Lognormal: lognormal}
+				cfg.Policy = AgeAware
+				aa := Run(cfg)
+				cfg.Policy = WeightedRR
+				rr := Run(cfg)
+				row = append(row, fmt.Sprintf("%.2f/%.2f", aa.Mean/rr.Mean, aa.P99/rr.P99))
+			}
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, "/")
+}
