@@ -142,7 +142,8 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) in
 	if second >= 0 && loadOf(active[:n], activeLoad[:n], second) < loadOf(active[:n], activeLoad[:n], first) {
 		pick = second
 	}
-	s.Candidates[pick].own.add(nowMs, s.meanMs)
+	c := &s.Candidates[pick]
+	c.own.add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
 	return pick
 }
 
@@ -158,7 +159,7 @@ func loadOf(active []int32, loads []float64, i int32) float64 {
 
 func (s *Snapshot) load(i int32, nowMs int64) float64 {
 	c := &s.Candidates[i]
-	return c.Predicted + c.own.inFlight(nowMs, s.meanMs)/c.Ceiling
+	return c.Predicted + c.own.inFlight(nowMs, s.meanMs, c.Predicted, c.Ceiling)/c.Ceiling
 }
 
 // ceiling weighs an active candidate by its learned ceiling.
@@ -186,26 +187,32 @@ func (o *ownSends) since(nowMs int64) int64 {
 	return min(max(nowMs-o.readingAt, 0), math.MaxUint32)
 }
 
-func decayed(estimate float64, elapsedMs int64, meanMs float64) float64 {
+// decayed is what remains in flight of estimate own sends elapsedMs after
+// they were counted, at a site predicted at load (in-flight over capacity):
+// the sends join the site's backlog and drain with it, at the full service
+// rate while a queue stands ahead of them, exponentially once slots are
+// free (drain).
+func decayed(estimate float64, elapsedMs int64, meanMs, load, capacity float64) float64 {
 	if elapsedMs <= 0 || estimate == 0 {
 		return estimate
 	}
-	return estimate * math.Exp(-float64(elapsedMs)/meanMs)
+	age := float64(elapsedMs) / meanMs
+	return max(capacity*(drain(load+estimate/capacity, age)-drain(load, age)), 0)
 }
 
-// inFlight is the estimate at nowMs.
-func (o *ownSends) inFlight(nowMs int64, meanMs float64) float64 {
+// inFlight is the estimate at nowMs, at a site predicted at load.
+func (o *ownSends) inFlight(nowMs int64, meanMs, load, capacity float64) float64 {
 	v, at := o.unpack(o.state.Load())
-	return decayed(v, o.since(nowMs)-at, meanMs)
+	return decayed(v, o.since(nowMs)-at, meanMs, load, capacity)
 }
 
 // add records a send at nowMs.
-func (o *ownSends) add(nowMs int64, meanMs float64) {
+func (o *ownSends) add(nowMs int64, meanMs, load, capacity float64) {
 	rel := o.since(nowMs)
 	for {
 		old := o.state.Load()
 		v, at := o.unpack(old)
-		next := decayed(v, rel-at, meanMs) + 1
+		next := decayed(v, rel-at, meanMs, load, capacity) + 1
 		w := uint64(math.Float32bits(float32(next)))<<32 | uint64(uint32(max(rel, at)))
 		if o.state.CompareAndSwap(old, w) {
 			return

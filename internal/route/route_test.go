@@ -582,3 +582,19 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 		t.Errorf("a burst of 16 on idle sites: %v, want about 8 each", burst)
 	}
 }
+
+// TestOwnSendsDrainWithTheBacklog: sends to a site with a queue wait behind
+// it, so they do not complete while the queue stands; sends to a site with
+// free slots complete exponentially.
+func TestOwnSendsDrainWithTheBacklog(t *testing.T) {
+	const mean, capacity = 1000.0, 8.0
+	if got := decayed(4, 1000, mean, 2, capacity); !near(got, 4) {
+		t.Errorf("4 sends behind a queue of one capacity, one mean duration later: %v in flight, want 4", got)
+	}
+	if got, want := decayed(4, 1000, mean, 0.2, capacity), 4*math.Exp(-1); !near(got, want) {
+		t.Errorf("4 sends to a site with free slots, one mean duration later: %v, want %v", got, want)
+	}
+	if got := decayed(4, 0, mean, 0.2, capacity); got != 4 {
+		t.Errorf("no time elapsed: %v", got)
+	}
+}

@@ -1,0 +1,148 @@
+package operator
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
+)
+
+// scaledOperator is site s00 of a grid of n sites that each run 16 EPP
+// providers, with every peer's last answer ingested.
+type scaledOperator struct {
+	op      *Operator
+	answers map[string][]byte // peer -> its answer
+}
+
+const providersPerSite = 16
+
+// peerAnswer is what a peer site publishes for its 16 providers: the EPP
+// pool rows an operator relays, and each provider's batch line.
+func peerAnswer(site string, now int64) []byte {
+	var b strings.Builder
+	for p := range providersPerSite {
+		prov := fmt.Sprintf("pool-%02d", p)
+		lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, prov, site)
+		rows := []string{
+			fmt.Sprintf(`llm_d_epp_average_running_requests{%s,name="p"} 6 %d`, lbl, now),
+			fmt.Sprintf(`llm_d_epp_average_queue_size{%s,name="p"} 1 %d`, lbl, now),
+			fmt.Sprintf(`llm_d_epp_ready_endpoints{%s,name="p"} 4 %d`, lbl, now),
+			fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name="p"} 0.4 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_info{%s,model="Qwen/Qwen3-8B"} 1 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_ready{%s} 1 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_ready_endpoints{%s} 4 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_in_flight_requests{%s} 28 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_ttft_p50_seconds{%s} 0.12 %d`, lbl, now),
+			fmt.Sprintf(`grid_provider_error_ratio{%s} 0 %d`, lbl, now),
+		}
+		for _, r := range rows {
+			b.WriteString(r + "\n")
+		}
+		fmt.Fprintf(&b, "grid_provider_config_generation{batch_samples=\"%d\",batch_sequence=\"1\",%s,provider_uid=\"u-%s\",publisher_epoch=\"%d\"} 1 %d\n",
+			len(rows), lbl, prov, now-1000, now)
+	}
+	return []byte(b.String())
+}
+
+func newScaledOperator(tb testing.TB, sites int) *scaledOperator {
+	tb.Helper()
+	dir := pki(tb, "s00")
+	c := &config.Operator{Site: "s00", StateDir: tb.TempDir(), TLS: tlsFiles(dir, "s00")}
+	for i := 1; i < sites; i++ {
+		c.Peers = append(c.Peers, config.Peer{Site: fmt.Sprintf("s%02d", i), Signals: "https://127.0.0.1:1"})
+	}
+	cfg := reparse(tb, c)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(tb, dir, "s00")})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { op.Close() })
+	s := &scaledOperator{op: op, answers: map[string][]byte{}}
+	now := time.Now().UnixMilli()
+	for _, ps := range op.poller.snapshot() {
+		s.answers[ps.cfg.Site] = peerAnswer(ps.cfg.Site, now)
+	}
+	s.pollRound()
+	return s
+}
+
+// pollRound ingests every peer's answer, as one round of peer polls does
+// after the network.
+func (s *scaledOperator) pollRound() {
+	for _, ps := range s.op.poller.snapshot() {
+		s.op.poller.ingest(ps, s.answers[ps.cfg.Site], time.Now())
+	}
+}
+
+// relay renders what the site's gateway reads: site and peer rows.
+func (s *scaledOperator) relay() []byte {
+	now := time.Now()
+	var a answer
+	s.op.render(&a, "site", s.op.site.Current(now), now, selection{})
+	s.op.render(&a, "peers", s.op.peerStore.Current(now), now, selection{})
+	return a.body
+}
+
+var gridSizes = []int{3, 10, 30, 100}
+
+// BenchmarkPeerRound is one round of peer polls as the grid grows (ingest
+// only: the TLS and network of each poll are the peer's cost to answer).
+func BenchmarkPeerRound(b *testing.B) {
+	for _, n := range gridSizes {
+		b.Run(fmt.Sprintf("sites=%d", n), func(b *testing.B) {
+			s := newScaledOperator(b, n)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.pollRound()
+			}
+		})
+	}
+}
+
+// BenchmarkRelay is rendering the relay the site's gateway polls every
+// second, and reports its size.
+func BenchmarkRelay(b *testing.B) {
+	for _, n := range gridSizes {
+		b.Run(fmt.Sprintf("sites=%d", n), func(b *testing.B) {
+			s := newScaledOperator(b, n)
+			var size int
+			b.ReportAllocs()
+			for b.Loop() {
+				size = len(s.relay())
+			}
+			b.ReportMetric(float64(size), "relay-bytes")
+		})
+	}
+}
+
+// TestGridScaleFootprint reports the operator's held memory and its relay
+// as the grid grows, and checks the relay stays within its bound.
+func TestGridScaleFootprint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a 100-site grid")
+	}
+	for _, n := range gridSizes {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s := newScaledOperator(t, n)
+		relay := s.relay()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		sites := strings.Count(string(relay), "grid_provider_config_generation{") / providersPerSite
+		t.Logf("%3d sites × %d providers: relay %7d bytes (%d sites' batches whole), operator holds %5.1f MiB",
+			n, providersPerSite, len(relay), sites, float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc))/(1<<20))
+		if len(relay) > 768<<10 {
+			t.Errorf("relay of %d bytes over its 768 KiB bound", len(relay))
+		}
+		runtime.KeepAlive(s)
+	}
+}
