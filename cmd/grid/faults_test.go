@@ -149,21 +149,22 @@ pollInterval: %[7]s
 
 // ready reports whether from's gateway currently draws on site: the site
 // is admitted (not excluded by readiness or passive health) and measured
-// (its load is known, so the age-aware policy draws from it). A site whose
-// load went silent is unmeasured: kept only as a last resort.
+// (its load is known). A site whose load went silent is unmeasured: kept
+// only as a last resort. (Not the age-aware "active" flag: a healthy site
+// above the common load level is briefly inactive.)
 func (g *faultGrid) ready(from, site string) bool {
 	var v struct {
 		Candidates []struct {
-			Site   string `json:"site"`
-			Ready  bool   `json:"ready"`
-			Active bool   `json:"active"`
+			Site     string   `json:"site"`
+			Ready    bool     `json:"ready"`
+			InFlight *float64 `json:"inFlight"`
 		} `json:"candidates"`
 	}
 	if json.Unmarshal([]byte(httpGet("http://"+g.sites[from].gwMetrics+"/api/snapshot")), &v) != nil {
 		return false
 	}
 	for _, c := range v.Candidates {
-		if c.Site == site && c.Ready && c.Active {
+		if c.Site == site && c.Ready && c.InFlight != nil {
 			return true
 		}
 	}

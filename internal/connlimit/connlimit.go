@@ -58,10 +58,12 @@ func (l *Listener) Accept() (net.Conn, error) {
 		}
 		keys := SourceKeys(c.RemoteAddr())
 		if limit := l.admit(keys); limit != "" {
-			c.Close()
+			// Counted before the close, so whoever sees the close sees
+			// the count.
 			if l.onShed != nil {
 				l.onShed(limit)
 			}
+			c.Close()
 			continue
 		}
 		return &conn{Conn: c, l: l, keys: keys}, nil
