@@ -203,24 +203,35 @@ func (g *faultGrid) metricsOf(site, component string) string {
 	return httpGet("http://" + addr + "/metrics")
 }
 
-// sample returns the value of the first series of family whose line holds
-// every one of labels, or -1.
-func sample(metrics, family string, labels ...string) float64 {
+// sum adds the samples of family whose line keep accepts, and reports
+// whether there was any.
+func sum(metrics, family string, keep func(line string) bool) (float64, bool) {
+	total, found := 0.0, false
 	for _, line := range strings.Split(metrics, "\n") {
-		if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
-			continue
-		}
-		all := true
-		for _, l := range labels {
-			all = all && strings.Contains(line, l)
-		}
-		if all {
+		if (strings.HasPrefix(line, family+"{") || strings.HasPrefix(line, family+" ")) && keep(line) {
 			var v float64
 			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			return v
+			total, found = total+v, true
 		}
 	}
-	return -1
+	return total, found
+}
+
+// sample returns the value of the series of family whose line holds every
+// one of labels (the sum, should several), or -1.
+func sample(metrics, family string, labels ...string) float64 {
+	v, found := sum(metrics, family, func(line string) bool {
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				return false
+			}
+		}
+		return true
+	})
+	if !found {
+		return -1
+	}
+	return v
 }
 
 // outcome is one client request's result: the status (0 for a transport
@@ -593,15 +604,8 @@ func TestFaults(t *testing.T) {
 // failedPolls sums the non-ok polls of a gateway (of its operator) or of an
 // operator (of its peers).
 func failedPolls(metrics, family, okLabel string) float64 {
-	total := 0.0
-	for _, line := range strings.Split(metrics, "\n") {
-		if strings.HasPrefix(line, family+"{") && !strings.Contains(line, okLabel) {
-			var v float64
-			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			total += v
-		}
-	}
-	return total
+	v, _ := sum(metrics, family, func(line string) bool { return !strings.Contains(line, okLabel) })
+	return v
 }
 
 // rotateCertificates renews east's certificate (operator and gateway share

@@ -122,15 +122,9 @@ func (c *Gateway) applyDefaults() {
 	setString(&c.Metrics.Listen, DefaultGatewayMetrics)
 	setDuration(&c.PollInterval, DefaultPollInterval)
 	setDuration(&c.IdleAfter, DefaultIdleAfter)
-	if c.Limits.ClientConns == 0 {
-		c.Limits.ClientConns = DefaultClientConns
-	}
-	if c.Limits.HopConns == 0 {
-		c.Limits.HopConns = DefaultHopConns
-	}
-	if c.Limits.HopConnsPerSource == 0 {
-		c.Limits.HopConnsPerSource = DefaultHopConnsPerSource
-	}
+	setInt(&c.Limits.ClientConns, DefaultClientConns)
+	setInt(&c.Limits.HopConns, DefaultHopConns)
+	setInt(&c.Limits.HopConnsPerSource, DefaultHopConnsPerSource)
 	setDuration(&c.Limits.BodyReadTimeout, DefaultBodyReadTimeout)
 	setDuration(&c.Limits.HeaderReadTimeout, DefaultHeaderReadTimeout)
 	a := &c.Availability

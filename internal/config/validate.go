@@ -189,14 +189,10 @@ func (c *Gateway) validate(doc *document) error {
 	p.url("operator.signals", c.Operator.Signals, true, "https")
 	p.positive("pollInterval", c.PollInterval)
 	p.positive("idleAfter", c.IdleAfter)
-	for path, v := range map[string]int{
-		"limits.clientConns": c.Limits.ClientConns, "limits.clientConnsPerSource": c.Limits.ClientConnsPerSource,
-		"limits.hopConns": c.Limits.HopConns, "limits.hopConnsPerSource": c.Limits.HopConnsPerSource,
-	} {
-		if v < 0 {
-			p.addf(path, "must not be negative, got %d", v)
-		}
-	}
+	p.atLeast("limits.clientConns", c.Limits.ClientConns, 0)
+	p.atLeast("limits.clientConnsPerSource", c.Limits.ClientConnsPerSource, 0)
+	p.atLeast("limits.hopConns", c.Limits.HopConns, 0)
+	p.atLeast("limits.hopConnsPerSource", c.Limits.HopConnsPerSource, 0)
 	p.positive("limits.bodyReadTimeout", c.Limits.BodyReadTimeout)
 	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)
 	a := c.Availability

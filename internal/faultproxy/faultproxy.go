@@ -33,15 +33,6 @@ const (
 	Respond
 )
 
-var modeNames = [...]string{"pass", "refuse", "blackhole", "trickle", "respond"}
-
-func (m Mode) String() string {
-	if int(m) < len(modeNames) {
-		return modeNames[m]
-	}
-	return "unknown"
-}
-
 // TrickleEvery is the pause between bytes in Trickle mode.
 const TrickleEvery = 200 * time.Millisecond
 

@@ -24,14 +24,21 @@ func get(addr string, timeout time.Duration) (string, error) {
 	return string(b), err
 }
 
-func TestModes(t *testing.T) {
+// proxyToHello starts a proxy in front of a server that answers "hello".
+func proxyToHello(t *testing.T) *Proxy {
+	t.Helper()
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }))
-	defer backend.Close()
 	p, err := Start(strings.TrimPrefix(backend.URL, "http://"))
 	if err != nil {
+		backend.Close()
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close(); backend.Close() })
+	return p
+}
+
+func TestModes(t *testing.T) {
+	p := proxyToHello(t)
 
 	if body, err := get(p.Addr(), 2*time.Second); err != nil || body != "hello" {
 		t.Fatalf("pass: %q %v", body, err)
@@ -64,13 +71,7 @@ func TestModes(t *testing.T) {
 // TestSetCutsOpenConnections: a connection kept alive from before a fault
 // does not carry traffic around it.
 func TestSetCutsOpenConnections(t *testing.T) {
-	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }))
-	defer backend.Close()
-	p, err := Start(strings.TrimPrefix(backend.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := proxyToHello(t)
 	c := &http.Client{Timeout: 300 * time.Millisecond}
 	defer c.CloseIdleConnections()
 	for range 2 {

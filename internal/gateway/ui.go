@@ -87,8 +87,6 @@ func (g *Gateway) View() SnapshotView {
 			Ready: c.Admission == route.NewAndExisting && !math.IsNaN(c.Score), Routable: c.Upstream != nil, Queue: finite(c.Score)}
 		if c.Measured {
 			cv.InFlight, cv.Ceiling, cv.Weight, cv.Rho = finite(c.InFlight), finite(c.Ceiling), finite(c.Capacity), finite(c.Rho)
-		}
-		if c.Measured {
 			cv.Predicted = finite(c.Predicted)
 		}
 		cv.Active = c.Active

@@ -16,18 +16,7 @@ import (
 // nothing panics, and whatever is kept speaks for west only, with finite
 // values, within the per-peer provider cap.
 func FuzzPeerIngest(f *testing.F) {
-	dir := pki(f, "east", "west")
-	cfg := reparse(f, &config.Operator{Site: "east", StateDir: f.TempDir(), TLS: tlsFiles(dir, "east"),
-		Peers: []config.Peer{{Site: "west", Signals: "https://127.0.0.1:1"}}})
-	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(f, dir, "east")})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer op.Close()
+	op := newPeeringOperator(f, "east", "west")
 	peer := op.poller.snapshot()[0]
 
 	now := time.Now().UnixMilli()
@@ -60,3 +49,25 @@ func FuzzPeerIngest(f *testing.F) {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// newPeeringOperator is an operator of site that peers with peers, neither
+// scraping nor serving: for tests that drive its ingest directly.
+func newPeeringOperator(tb testing.TB, site string, peers ...string) *Operator {
+	tb.Helper()
+	dir := pki(tb, site)
+	c := &config.Operator{Site: site, StateDir: tb.TempDir(), TLS: tlsFiles(dir, site)}
+	for _, p := range peers {
+		c.Peers = append(c.Peers, config.Peer{Site: p, Signals: "https://127.0.0.1:1"})
+	}
+	cfg := reparse(tb, c)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(tb, dir, site)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { op.Close() })
+	return op
+}

@@ -6,9 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/grid-inference/grid/internal/clock"
-	"github.com/grid-inference/grid/internal/config"
 )
 
 // scaledOperator is site s00 of a grid of n sites that each run 16 EPP
@@ -50,21 +47,11 @@ func peerAnswer(site string, now int64) []byte {
 
 func newScaledOperator(tb testing.TB, sites int) *scaledOperator {
 	tb.Helper()
-	dir := pki(tb, "s00")
-	c := &config.Operator{Site: "s00", StateDir: tb.TempDir(), TLS: tlsFiles(dir, "s00")}
+	var peers []string
 	for i := 1; i < sites; i++ {
-		c.Peers = append(c.Peers, config.Peer{Site: fmt.Sprintf("s%02d", i), Signals: "https://127.0.0.1:1"})
+		peers = append(peers, fmt.Sprintf("s%02d", i))
 	}
-	cfg := reparse(tb, c)
-	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(tb, dir, "s00")})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { op.Close() })
+	op := newPeeringOperator(tb, "s00", peers...)
 	s := &scaledOperator{op: op, answers: map[string][]byte{}}
 	now := time.Now().UnixMilli()
 	for _, ps := range op.poller.snapshot() {

@@ -128,33 +128,22 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) in
 	}
 	level = math.Max(level, minLoad) + 1e-9
 	var active [MaxSites]int32
-	var activeLoad [MaxSites]float64
 	n := 0
 	for k, i := range healthy {
 		if s.Candidates[i].own != nil && loads[k] <= level {
-			active[n], activeLoad[n] = i, loads[k]
+			active[n] = i
 			n++
 		}
 	}
 	first := s.weighted(active[:n], -1, u0, ceiling)
 	second := s.weighted(active[:n], first, u1, ceiling)
 	pick := first
-	if second >= 0 && loadOf(active[:n], activeLoad[:n], second) < loadOf(active[:n], activeLoad[:n], first) {
+	if second >= 0 && s.load(second, nowMs) < s.load(first, nowMs) {
 		pick = second
 	}
 	c := &s.Candidates[pick]
 	c.own.add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
 	return pick
-}
-
-// loadOf finds candidate i's load among the active ones.
-func loadOf(active []int32, loads []float64, i int32) float64 {
-	for k, a := range active {
-		if a == i {
-			return loads[k]
-		}
-	}
-	return math.Inf(1)
 }
 
 func (s *Snapshot) load(i int32, nowMs int64) float64 {
@@ -166,11 +155,11 @@ func (s *Snapshot) load(i int32, nowMs int64) float64 {
 func ceiling(c *Candidate) float64 { return c.Ceiling }
 
 // ownSends estimates how many of this gateway's sends to one candidate,
-// made since its reading, are still in flight: each completes at the rate
-// of the mean duration (exponential service), so a burst just sent counts
-// fully, and sends long finished count for nothing, whatever the reading's
-// age. The estimate at the last send and that send's instant share one
-// word, updated by compare-and-swap: the request path takes no lock.
+// made since its reading, are still in flight: each drains with the site's
+// predicted backlog (decayed), so a burst just sent counts fully, and sends
+// long finished count for nothing, whatever the reading's age. The estimate
+// at the last send and that send's instant share one word, updated by
+// compare-and-swap: the request path takes no lock.
 type ownSends struct {
 	readingAt int64 // ms on the store timeline
 	// state is the estimate's float32 bits above the last send's instant,
