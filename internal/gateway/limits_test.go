@@ -200,3 +200,18 @@ func TestSlowHeadersAreCut(t *testing.T) {
 		t.Errorf("128 KiB of headers: %d, want 431", resp.StatusCode)
 	}
 }
+
+func TestMetricsListenerCap(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	addr := serveGuarded(t, g, "metrics", func(*config.GatewayLimits) {})
+	for range MetricsConns {
+		dialFrom(t, "127.0.0.1", addr)
+	}
+	if code := modelsOn(dialFrom(t, "127.0.0.1", addr)); code != 0 {
+		t.Errorf("connection %d over the metrics cap: %d, want closed", MetricsConns+1, code)
+	}
+	if got := shedTotal(g, "metrics", "total"); got != 1 {
+		t.Errorf("metrics total sheds %v, want 1", got)
+	}
+}
