@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 
+	"github.com/grid-inference/grid/internal/routeplot"
 	"github.com/grid-inference/grid/internal/routesim"
 )
 
@@ -16,6 +19,7 @@ func runBench(_ context.Context, args []string, e *env) error {
 	requests := fs.Int("requests", 100_000, "requests per cell")
 	seed := fs.Uint64("seed", 7, "simulation seed")
 	sweep := fs.Bool("sweep", false, "also the robustness sweep: loads 0.7/0.9/0.95 and K = 1/4/16 against weighted round robin")
+	plotPath := fs.String("plot", "", "also write a PNG of mean and p99 against staleness per policy to this file")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -23,8 +27,21 @@ func runBench(_ context.Context, args []string, e *env) error {
 	if *quick {
 		scenarios, ages, *requests = scenarios[:1], []float64{0.5, 2, 10}, 20_000
 	}
+	var tables []routesim.Table
 	for _, sc := range scenarios {
-		routesim.WriteTable(e.stdout, sc, ages, *requests, *seed)
+		t := routesim.RunTable(sc, ages, *requests, *seed)
+		t.Write(e.stdout)
+		tables = append(tables, t)
+	}
+	if *plotPath != "" {
+		var png bytes.Buffer
+		if err := routeplot.WritePNG(&png, tables); err != nil {
+			return err
+		}
+		if err := os.WriteFile(*plotPath, png.Bytes(), 0o644); err != nil {
+			return fmt.Errorf("bench routing: %w", err)
+		}
+		fmt.Fprintf(e.stdout, "wrote %s\n", *plotPath)
 	}
 	if *sweep {
 		for _, sc := range []routesim.Scenario{routesim.Scenarios[0], routesim.Scenarios[3]} {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,10 +96,119 @@ func pct(lat []time.Duration, p float64) time.Duration {
 	return lat[int(float64(len(lat)-1)*p)]
 }
 
-// BenchmarkProxyOverhead measures, in one run on loopback, the latency and
-// throughput of requests sent straight to a sim and through the gateway,
-// at a fixed concurrency. Run with -benchtime 1x; the figures are custom
-// metrics.
+// paced sends requests at a fixed rate for d, each on its own goroutine so
+// a slow answer never delays the next send (open loop), and returns the
+// latencies measured from each request's scheduled instant, so that
+// queueing in the proxy is not hidden by a client that waited for it.
+func paced(url, body string, rate int, d time.Duration) ([]time.Duration, error) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	tr := &http.Transport{MaxIdleConnsPerHost: 512}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	interval := time.Second / time.Duration(rate)
+	n := int(d / interval)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		time.Sleep(time.Until(at))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Post(url, "application/json", strings.NewReader(body))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				firstErr = err
+				return
+			}
+			lat = append(lat, time.Since(at))
+		}()
+	}
+	wg.Wait()
+	return lat, firstErr
+}
+
+// startNginx runs nginx as a plain reverse proxy to upstream on a free
+// loopback port (buffering off, so SSE streams through; keep-alive to the
+// upstream, as the gateway has) and returns its base URL, or "" when nginx
+// is not installed.
+func startNginx(b *testing.B, upstream string) string {
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		b.Log("nginx not installed (apt-get install nginx): skipping the nginx comparison")
+		return ""
+	}
+	dir := b.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	conf := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream sim { server %[2]s; keepalive 256; }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, dir, strings.TrimPrefix(upstream, "http://"), addr)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", path)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGQUIT)
+		cmd.Wait()
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return "http://" + addr
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("nginx did not listen on %s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// BenchmarkProxyOverhead measures, in one run on loopback, requests sent
+// straight to a sim, through the gateway and through nginx as a plain
+// reverse proxy (when installed): throughput with 16 clients sending back
+// to back for 3 s, then latency at a fixed rate of 1000 requests a second
+// for 3 s. Run with -benchtime 1x; the figures are custom metrics.
 func BenchmarkProxyOverhead(b *testing.B) {
 	s, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: 1024, TTFT: time.Microsecond, TPOT: time.Microsecond})
 	if err != nil {
@@ -107,6 +220,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	defer g.Close()
 	gwSrv := httptest.NewServer(g.ClientHandler())
 	defer gwSrv.Close()
+	targets := []struct{ name, url string }{{"direct", simSrv.URL}, {"gateway", gwSrv.URL}}
+	if u := startNginx(b, simSrv.URL); u != "" {
+		targets = append(targets, struct{ name, url string }{"nginx", u})
+	}
 	for _, mode := range []struct {
 		name   string
 		stream bool
@@ -114,20 +231,20 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":8,"stream":%v}`, sim.DefaultModel, mode.stream)
 		b.Run(mode.name, func(b *testing.B) {
 			for b.Loop() {
-				direct, err := load(simSrv.URL+"/v1/chat/completions", body, 16, 3*time.Second, mode.stream)
-				if err != nil {
-					b.Fatal(err)
+				for _, t := range targets {
+					url := t.url + "/v1/chat/completions"
+					sat, err := load(url, body, 16, 3*time.Second, mode.stream)
+					if err != nil {
+						b.Fatalf("%s: %v", t.name, err)
+					}
+					b.ReportMetric(float64(len(sat))/3, t.name+"-req/s")
+					fixed, err := paced(url, body, 1000, 3*time.Second)
+					if err != nil {
+						b.Fatalf("%s at 1000/s: %v", t.name, err)
+					}
+					b.ReportMetric(float64(pct(fixed, 0.5).Microseconds()), t.name+"-p50-µs")
+					b.ReportMetric(float64(pct(fixed, 0.99).Microseconds()), t.name+"-p99-µs")
 				}
-				via, err := load(gwSrv.URL+"/v1/chat/completions", body, 16, 3*time.Second, mode.stream)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.ReportMetric(float64(len(direct))/3, "direct-req/s")
-				b.ReportMetric(float64(len(via))/3, "gateway-req/s")
-				b.ReportMetric(float64(pct(direct, 0.5).Microseconds()), "direct-p50-µs")
-				b.ReportMetric(float64(pct(via, 0.5).Microseconds()), "gateway-p50-µs")
-				b.ReportMetric(float64(pct(direct, 0.99).Microseconds()), "direct-p99-µs")
-				b.ReportMetric(float64(pct(via, 0.99).Microseconds()), "gateway-p99-µs")
 			}
 		})
 	}

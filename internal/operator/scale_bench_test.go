@@ -2,10 +2,14 @@ package operator
 
 import (
 	"fmt"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/route"
 )
 
 // scaledOperator is site s00 of a grid of n sites that each run 16 EPP
@@ -110,6 +114,62 @@ func BenchmarkRelay(b *testing.B) {
 	}
 }
 
+// siteGateway is the gateway of site s00 reading its operator's relay: its
+// load store and snapshot builder, and a candidate for every provider of
+// every site (models spread over four names).
+type siteGateway struct {
+	store   *loadstore.Store
+	builder *route.Builder
+	cands   []route.Candidate
+}
+
+func newSiteGateway(sites int) *siteGateway {
+	g := &siteGateway{store: loadstore.New(time.Minute), builder: route.NewBuilder()}
+	for i := range sites {
+		site := fmt.Sprintf("s%02d", i)
+		for p := range providersPerSite {
+			g.cands = append(g.cands, route.Candidate{Model: fmt.Sprintf("m%d", p%4), Site: site,
+				Provider: fmt.Sprintf("pool-%02d", p), Upstream: &url.URL{Scheme: "https", Host: site}, Local: i == 0})
+		}
+	}
+	return g
+}
+
+// poll is what the gateway does with one relay: ingest, then rebuild.
+func (g *siteGateway) ingest(relay []byte) loadstore.Result {
+	now := time.Now().UnixMilli()
+	return g.store.Ingest(relay, now, now, now, "s00", true)
+}
+
+func (g *siteGateway) rebuild() *route.Snapshot {
+	return g.builder.Build(g.store, g.cands, time.Now().UnixMilli(), nil, route.DefaultSettings)
+}
+
+// BenchmarkGatewayIngest is the site gateway's share of each poll as the
+// grid grows: ingesting the relay into its load store, then rebuilding its
+// route snapshot from it.
+func BenchmarkGatewayIngest(b *testing.B) {
+	for _, n := range gridSizes {
+		relay := newScaledOperator(b, n).relay()
+		b.Run(fmt.Sprintf("sites=%d/ingest", n), func(b *testing.B) {
+			g := newSiteGateway(n)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(relay)))
+			for b.Loop() {
+				g.ingest(relay)
+			}
+		})
+		b.Run(fmt.Sprintf("sites=%d/rebuild", n), func(b *testing.B) {
+			g := newSiteGateway(n)
+			g.ingest(relay)
+			b.ReportAllocs()
+			for b.Loop() {
+				g.rebuild()
+			}
+		})
+	}
+}
+
 // TestGridScaleFootprint reports the operator's held memory and its relay
 // as the grid grows, and checks the relay stays within its bound.
 func TestGridScaleFootprint(t *testing.T) {
@@ -124,12 +184,37 @@ func TestGridScaleFootprint(t *testing.T) {
 		relay := s.relay()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		sites := strings.Count(string(relay), "grid_provider_config_generation{") / providersPerSite
-		t.Logf("%3d sites × %d providers: relay %7d bytes (%d sites' batches whole), operator holds %5.1f MiB",
-			n, providersPerSite, len(relay), sites, float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc))/(1<<20))
+		batches := strings.Count(string(relay), "grid_provider_config_generation{")
+		operatorHeld := float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc)) / (1 << 20)
+
+		// The gateway reading that relay: five polls' worth in its store
+		// and the snapshot built from them.
+		g := newSiteGateway(n)
+		for range 5 {
+			if res := g.ingest(relay); len(res.Dropped) > 0 {
+				t.Errorf("%d sites: gateway dropped %v of its operator's relay", n, res.Dropped)
+			}
+		}
+		snap := g.rebuild()
+		runtime.GC()
+		var held runtime.MemStats
+		runtime.ReadMemStats(&held)
+		gatewayHeld := float64(held.HeapAlloc-min(held.HeapAlloc, after.HeapAlloc)) / (1 << 20)
+		measured := 0
+		for _, c := range snap.Candidates {
+			if c.Measured {
+				measured++
+			}
+		}
+		t.Logf("%3d sites × %d providers: relay %7d bytes (%d of %d peer providers' batches), operator holds %5.1f MiB; gateway holds %5.1f MiB, %d of %d candidates measured",
+			n, providersPerSite, len(relay), batches, (n-1)*providersPerSite, operatorHeld, gatewayHeld, measured, len(snap.Candidates))
 		if len(relay) > 768<<10 {
 			t.Errorf("relay of %d bytes over its 768 KiB bound", len(relay))
 		}
+		if measured != batches {
+			t.Errorf("%d sites: gateway measured %d candidates, the relay carried %d batches", n, measured, batches)
+		}
 		runtime.KeepAlive(s)
+		runtime.KeepAlive(g)
 	}
 }

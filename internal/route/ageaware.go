@@ -141,13 +141,18 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) in
 	if second >= 0 && s.load(second, nowMs) < s.load(first, nowMs) {
 		pick = second
 	}
-	c := &s.Candidates[pick]
-	c.own.add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
+	if !s.ignoreOwn {
+		c := &s.Candidates[pick]
+		c.own.add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
+	}
 	return pick
 }
 
 func (s *Snapshot) load(i int32, nowMs int64) float64 {
 	c := &s.Candidates[i]
+	if s.ignoreOwn {
+		return c.Predicted
+	}
 	return c.Predicted + c.own.inFlight(nowMs, s.meanMs, c.Predicted, c.Ceiling)/c.Ceiling
 }
 

@@ -107,6 +107,11 @@ type Settings struct {
 	// MeanDurationMs is the estimated mean request duration, the unit in
 	// which the age-aware policy reads a reading's age.
 	MeanDurationMs float64
+	// IgnoreOwnSends makes the age-aware policy read the board's prediction
+	// alone, without this gateway's sends since the reading. No
+	// configuration key sets it: it is the ablation the routing benchmark
+	// measures (internal/routesim), to show what the own sends are worth.
+	IgnoreOwnSends bool
 }
 
 // DefaultSettings are the reference defaults with a 5s load window.
@@ -120,6 +125,7 @@ var DefaultSettings = Settings{
 type Snapshot struct {
 	Candidates []Candidate
 	ageAware   bool
+	ignoreOwn  bool
 	// meanMs is the mean request duration the age-aware policy reads ages
 	// and own sends in.
 	meanMs float64
@@ -222,7 +228,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	snap := NewSnapshot(cands, nil, now)
 	b.shed(snap, set)
 	if set.AgeAware {
-		snap.ageAware = true
+		snap.ageAware, snap.ignoreOwn = true, set.IgnoreOwnSends
 		b.interpret(snap, now, set)
 	}
 	b.current.Store(snap)

@@ -29,10 +29,16 @@ const (
 	Reference      = "reference"
 	AgeAware       = "age-aware"
 	Oracle         = "oracle"
+
+	// The variants that add this gateway's own sends since the reading to
+	// what the board says (JSQ, P2C), and the default without them.
+	JSQStaleOwn   = "jsq-stale+own"
+	P2CStaleOwn   = "p2c-stale+own"
+	AgeAwareNoOwn = "age-aware-no-own"
 )
 
 // Policies lists every policy, in table order.
-var Policies = []string{WeightedRR, WeightedRandom, JSQStale, P2CStale, Reference, AgeAware, Oracle}
+var Policies = []string{WeightedRR, WeightedRandom, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Oracle}
 
 // Config is one experiment.
 type Config struct {
@@ -112,6 +118,7 @@ func (s *site) inSystem() int { return s.running + len(s.queue) }
 // the real routing stack (for reference and age-aware).
 type gateway struct {
 	board    []int // in-system counts at the last refresh
+	own      []int // this gateway's sends to each site since that refresh
 	store    *loadstore.Store
 	builder  *route.Builder
 	snap     *route.Snapshot
@@ -136,10 +143,11 @@ func Run(cfg Config) Result {
 	windowMs := int64(math.Max(cfg.BoardAge, 0.1)*unit) + int64(unit)
 	set := route.DefaultSettings
 	set.WindowMs = windowMs
-	set.AgeAware = cfg.Policy == AgeAware
+	set.AgeAware = cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
+	set.IgnoreOwnSends = cfg.Policy == AgeAwareNoOwn
 	gws := make([]*gateway, cfg.Gateways)
 	for k := range gws {
-		g := &gateway{board: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
+		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
 			builder: route.NewBuilder(), wrr: make([]float64, len(sites)), turn: rng.Uint64()}
 		for i := range sites {
 			g.cands = append(g.cands, route.Candidate{Model: "m", Site: fmt.Sprintf("s%02d", i), Provider: "p", Upstream: &url.URL{Host: "x"}})
@@ -154,7 +162,7 @@ func Run(cfg Config) Result {
 	poll := math.Min(cfg.BoardAge, 0.1)
 	// Only the policies that run the gateway's routing stack need its
 	// store and snapshots; the baselines read the board directly.
-	stack := cfg.Policy == Reference || cfg.Policy == AgeAware
+	stack := cfg.Policy == Reference || set.AgeAware
 	for k := range gws {
 		// Boards refresh at independent phases, as real gateways poll on
 		// their own clocks.
@@ -183,6 +191,7 @@ func Run(cfg Config) Result {
 			}
 			k := rng.IntN(len(gws))
 			i := choose(cfg.Policy, gws[k], sites, rng, now)
+			gws[k].own[i]++
 			r := request{arrived: now, service: service(), gw: k}
 			s := &sites[i]
 			if s.running < s.slots {
@@ -208,6 +217,7 @@ func Run(cfg Config) Result {
 			g := gws[e.gw]
 			for i := range sites {
 				g.board[i] = sites[i].inSystem()
+				g.own[i] = 0
 			}
 			if stack {
 				g.ingest(sites, now)
@@ -257,7 +267,7 @@ func (g *gateway) ingest(sites []site, now float64) {
 // choose routes one request by policy.
 func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) int {
 	switch policy {
-	case Reference, AgeAware:
+	case Reference, AgeAware, AgeAwareNoOwn:
 		if g.snap == nil {
 			return rng.IntN(len(sites))
 		}
@@ -283,15 +293,15 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 		return best
 	case WeightedRandom:
 		return weighted(sites, rng)
-	case JSQStale:
-		return argmin(len(sites), func(i int) float64 { return float64(g.board[i]) / float64(sites[i].slots) }, rng)
-	case P2CStale:
+	case JSQStale, JSQStaleOwn:
+		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng)
+	case P2CStale, P2CStaleOwn:
 		a := weighted(sites, rng)
 		b := a
 		for b == a && len(sites) > 1 {
 			b = weighted(sites, rng)
 		}
-		if float64(g.board[b])/float64(sites[b].slots) < float64(g.board[a])/float64(sites[a].slots) {
+		if g.seen(policy, b)/float64(sites[b].slots) < g.seen(policy, a)/float64(sites[a].slots) {
 			return b
 		}
 		return a
@@ -299,6 +309,15 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 		return argmin(len(sites), func(i int) float64 { return float64(sites[i].inSystem()) / float64(sites[i].slots) }, rng)
 	}
 	panic("unknown policy " + policy)
+}
+
+// seen is site i's in-system count as a board policy sees it: the board,
+// plus this gateway's sends since it for the +own variants.
+func (g *gateway) seen(policy string, i int) float64 {
+	if policy == JSQStaleOwn || policy == P2CStaleOwn {
+		return float64(g.board[i] + g.own[i])
+	}
+	return float64(g.board[i])
 }
 
 func weighted(sites []site, rng *rand.Rand) int {
