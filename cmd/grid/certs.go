@@ -4,15 +4,17 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/membership"
 )
 
 func runCerts(_ context.Context, args []string, e *env) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: want `grid certs init` or `grid certs issue`", errUsage)
+		return fmt.Errorf("%w: want `grid certs init`, `grid certs issue` or `grid certs gossip-key`", errUsage)
 	}
 	switch args[0] {
 	case "init":
@@ -45,8 +47,20 @@ func runCerts(_ context.Context, args []string, e *env) error {
 		crt, key := identity.SiteFiles(*dir, *site)
 		fmt.Fprintf(e.stdout, "wrote %s and %s\n", crt, key)
 		return nil
+	case "gossip-key":
+		fs := newFlagSet("certs gossip-key", e)
+		dir := fs.String("dir", "certs", "directory gossip.key is written to")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		file := filepath.Join(*dir, "gossip.key")
+		if err := membership.WriteKey(file); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "wrote %s: give every operator of the grid this file (membership.keyFile)\n", file)
+		return nil
 	default:
-		return fmt.Errorf("%w: unknown certs command %q; want init or issue", errUsage, args[0])
+		return fmt.Errorf("%w: unknown certs command %q; want init, issue or gossip-key", errUsage, args[0])
 	}
 }
 

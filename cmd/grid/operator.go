@@ -14,6 +14,7 @@ import (
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/membership"
 	"github.com/grid-inference/grid/internal/operator"
 )
 
@@ -63,6 +64,15 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("signals listener: %w", err)
 		}
 	}
+	var cluster *membership.Cluster
+	if cfg.Membership != nil {
+		if cluster, err = startMembership(cfg, log); err != nil {
+			ln.Close()
+			signalsLn.Close()
+			return err
+		}
+		log.Info("gossiping membership", "addr", cluster.Addr(), "seeds", cfg.Membership.Seeds)
+	}
 	srv, guarded := op.MetricsServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 	log.Info("operator started", "metrics", ln.Addr().String(), "providers", len(cfg.Providers), "peers", len(cfg.Peers), "publisher_epoch", op.Epoch())
 
@@ -85,6 +95,17 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
 		goRun(func() { id.Run(runCtx, cfg.TLS.ReloadInterval.D()) })
 		goRun(func() { op.RunPeers(runCtx) })
+		if cluster != nil {
+			goRun(func() {
+				cluster.Run(runCtx, func(members []membership.Member) {
+					peers := make([]config.Peer, len(members))
+					for i, mb := range members {
+						peers[i] = config.Peer{Site: mb.Site, Signals: mb.Signals, Gateway: mb.Gateway}
+					}
+					op.SetDiscovered(peers)
+				})
+			})
+		}
 		goRun(func() {
 			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, *drain); err != nil {
 				signalsErr = err
@@ -122,4 +143,15 @@ func reloadOnHUP(ctx context.Context, file string, apply func() error, count fun
 		}
 		e.log.Info("configuration reloaded", "file", file)
 	}
+}
+
+// startMembership joins the grid's gossip cluster as cfg.Membership says.
+func startMembership(cfg *config.Operator, log *slog.Logger) (*membership.Cluster, error) {
+	m := cfg.Membership
+	key, err := membership.ReadKey(m.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	return membership.Start(membership.Config{Site: cfg.Site, Bind: m.Bind, Advertise: m.Advertise, Seeds: m.Seeds,
+		Key: key, Signals: m.Signals, Gateway: m.Gateway, Profile: m.Profile, Logger: log.With("component", "membership")})
 }

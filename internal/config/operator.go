@@ -38,6 +38,9 @@ type Operator struct {
 	StateDir string `yaml:"stateDir"`
 	// Peers are the other sites of the grid.
 	Peers []Peer `yaml:"peers"`
+	// Membership, when set, joins the grid's SWIM gossip cluster: the
+	// members alive become poll targets in addition to Peers.
+	Membership *Membership `yaml:"membership"`
 	// Providers are this site's inference backends.
 	Providers []Provider `yaml:"providers"`
 }
@@ -86,6 +89,36 @@ type Peer struct {
 	// site's gateway forwards requests it routes to that site.
 	Gateway string `yaml:"gateway"`
 }
+
+// Membership is this operator's place in the grid's gossip cluster
+// (internal/membership). A configured peer of the same site wins over what
+// gossip says of it.
+type Membership struct {
+	// Bind is the gossip listener, host:port, UDP and TCP.
+	Bind string `yaml:"bind"`
+	// Advertise is the host:port other members reach this one at; empty
+	// uses Bind's (or, for a wildcard bind, a private address of this host).
+	Advertise string `yaml:"advertise"`
+	// Seeds are members to join through, host:port.
+	Seeds []string `yaml:"seeds"`
+	// KeyFile holds the gossip key: base64 of 16, 24 or 32 bytes. Required:
+	// peers found through unencrypted gossip would be polled on anyone's
+	// say-so.
+	KeyFile string `yaml:"keyFile"`
+	// Signals is the https URL of this operator's signals listener that
+	// other members poll.
+	Signals string `yaml:"signals"`
+	// Gateway is the https URL of this site's gateway hop listener that
+	// other sites' gateways forward to.
+	Gateway string `yaml:"gateway"`
+	// Profile is memberlist's timing preset, one of MembershipProfiles.
+	Profile string `yaml:"profile"`
+}
+
+// MembershipProfiles are memberlist's timing presets: lan (probe every
+// second, a dead member declared within seconds), wan (slower probes,
+// longer suspicion, for members across the internet), local (loopback).
+var MembershipProfiles = []string{"lan", "wan", "local"}
 
 // Provider is one inference backend of this site: an llm-d EPP pool or an
 // engine (vLLM, SGLang).
@@ -166,6 +199,7 @@ const (
 	DefaultPeerConcurrency   = 8
 	DefaultPeerTTL           = 120 * time.Second
 	DefaultMetricsPath       = "/metrics"
+	DefaultMembershipBind    = "0.0.0.0:7946"
 	DefaultScrapeTimeout     = 2 * time.Second
 )
 
@@ -184,6 +218,10 @@ func (c *Operator) applyDefaults() {
 	setDuration(&c.PeerPoll.Budget, DefaultPeerBudget)
 	setInt(&c.PeerPoll.Concurrency, DefaultPeerConcurrency)
 	setDuration(&c.PeerPoll.TTL, DefaultPeerTTL)
+	if m := c.Membership; m != nil {
+		setString(&m.Bind, DefaultMembershipBind)
+		setString(&m.Profile, "lan")
+	}
 	if c.StateDir == "" && c.Site != "" {
 		c.StateDir = "state/" + c.Site
 	}

@@ -7,7 +7,10 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/grid-inference/grid/internal/peeraddr"
 )
 
 var (
@@ -105,6 +108,37 @@ func (p *problems) trustDomain(path, v string) {
 	}
 }
 
+func (p *problems) membership(m *Membership, haveTLS bool) {
+	if !haveTLS {
+		p.addf("membership", "members are polled over mutual TLS only: set tls (ca, cert, key)")
+	}
+	p.listen("membership.bind", m.Bind)
+	if m.Advertise != "" {
+		p.listen("membership.advertise", m.Advertise)
+	}
+	for i, s := range m.Seeds {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			p.addf(fmt.Sprintf("membership.seeds[%d]", i), "%q is not host:port", s)
+		}
+	}
+	if m.KeyFile == "" {
+		p.addf("membership.keyFile", "required: gossip is encrypted or not used (grid certs gossip-key writes a key)")
+	}
+	if m.Signals == "" {
+		p.addf("membership.signals", "required: the https URL other members poll this operator at")
+	} else if err := peeraddr.Check(m.Signals); err != nil {
+		p.addf("membership.signals", "other members would refuse it: %v", err)
+	}
+	if m.Gateway != "" {
+		if err := peeraddr.Check(m.Gateway); err != nil {
+			p.addf("membership.gateway", "other members would refuse it: %v", err)
+		}
+	}
+	if !slices.Contains(MembershipProfiles, m.Profile) {
+		p.addf("membership.profile", "%q is not one of %v", m.Profile, MembershipProfiles)
+	}
+}
+
 func (c *Operator) validate(doc *document) error {
 	p := &problems{doc: doc}
 	p.label("site", c.Site)
@@ -141,6 +175,9 @@ func (c *Operator) validate(doc *document) error {
 		sites[peer.Site] = true
 		p.url(path+".signals", peer.Signals, true, "https")
 		p.url(path+".gateway", peer.Gateway, false, "https")
+	}
+	if m := c.Membership; m != nil {
+		p.membership(m, c.TLS != nil)
 	}
 	names := map[string]bool{}
 	for i := range c.Providers {

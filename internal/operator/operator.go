@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,6 +34,9 @@ type Options struct {
 	// Identity is the site's certificate material. Without it the operator
 	// scrapes and serves /metrics only: no signals, no peers.
 	Identity *identity.Source
+	// Dial, when set, opens the peer polls' connections (tests resolve
+	// advertised names with it); nil dials with the system resolver.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Operator is one site's operator.
@@ -47,6 +52,9 @@ type Operator struct {
 	peerStore *Store
 	poller    *peerPoller
 	reports   *gatewayReports
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	// discovered are the peers gossip found (SetDiscovered).
+	discovered atomic.Pointer[[]config.Peer]
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
@@ -87,6 +95,7 @@ func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 		site:      NewStore(cfg.SignalsTTL.D()),
 		peerStore: NewStore(cfg.PeerPoll.TTL.D()),
 		id:        opts.Identity,
+		dial:      opts.Dial,
 	}
 	o.m = newMetrics(o)
 	o.cfg.Store(cfg)
@@ -336,9 +345,35 @@ func (o *Operator) Reload(next *config.Operator) error {
 	o.memo.Clear()
 	o.cfg.Store(next)
 	if o.poller != nil {
-		o.poller.configure(next.Peers)
+		o.poller.configure(o.peers())
 	}
 	return nil
+}
+
+// SetDiscovered replaces the peers found through gossip. They are polled,
+// and served as peers, alongside the configured ones; a configured peer
+// wins over gossip about the same site, and gossip about this site is
+// ignored.
+func (o *Operator) SetDiscovered(peers []config.Peer) {
+	own := slices.Clone(peers)
+	o.discovered.Store(&own)
+	if o.poller != nil {
+		o.poller.configure(o.peers())
+	}
+}
+
+// peers is the poll set: the configured peers, then those discovered.
+func (o *Operator) peers() []config.Peer {
+	cfg := o.cfg.Load()
+	out := slices.Clone(cfg.Peers)
+	if d := o.discovered.Load(); d != nil {
+		for _, p := range *d {
+			if p.Site != cfg.Site && !slices.ContainsFunc(out, func(q config.Peer) bool { return q.Site == p.Site }) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 func sameConfig(a, b *config.Provider) bool {

@@ -147,6 +147,7 @@ func (pp *peerPoller) newClient(site string) *http.Client {
 			TLSClientConfig:     conf,
 			DisableKeepAlives:   true,
 			TLSHandshakeTimeout: pp.o.cfg.Load().PeerPoll.Timeout.D(),
+			DialContext:         pp.o.dial,
 			ForceAttemptHTTP2:   false,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

@@ -71,7 +71,7 @@ func (o *Operator) SignalsHandler() http.Handler {
 }
 
 func (o *Operator) isPeer(site string) bool {
-	return slices.ContainsFunc(o.cfg.Load().Peers, func(p config.Peer) bool { return p.Site == site })
+	return slices.ContainsFunc(o.peers(), func(p config.Peer) bool { return p.Site == site })
 }
 
 // selection narrows an answer: target to one provider, collect to names.
@@ -211,7 +211,7 @@ func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
 	for _, p := range cfg.Providers {
 		doc.Providers = append(doc.Providers, ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
 	}
-	for _, p := range cfg.Peers {
+	for _, p := range o.peers() {
 		doc.Peers = append(doc.Peers, ServingPeer{Site: p.Site, Gateway: p.Gateway})
 	}
 	w.Header().Set("Content-Type", "application/json")
