@@ -240,3 +240,30 @@ func TestGossipKeyFile(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveredPeersJoinTheConfigured: gossip adds poll targets; it never
+// replaces a configured peer's addresses, and gossip naming this site is
+// ignored.
+func TestDiscoveredPeersJoinTheConfigured(t *testing.T) {
+	op := newPeeringOperator(t, "east", "west")
+	op.SetDiscovered([]config.Peer{
+		{Site: "west", Signals: "https://evil.example:1", Gateway: "https://evil.example:2"},
+		{Site: "east", Signals: "https://east.example:1"},
+		{Site: "north", Signals: "https://north.example:9091", Gateway: "https://north.example:8081"},
+	})
+	got := op.peers()
+	want := []config.Peer{{Site: "west", Signals: "https://127.0.0.1:1"}, {Site: "north", Signals: "https://north.example:9091", Gateway: "https://north.example:8081"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("peers %v, want %v", got, want)
+	}
+	if p := op.poller.snapshot(); len(p) != 2 || p[0].cfg.Site != "north" || p[1].cfg.Site != "west" {
+		t.Errorf("polling %v", p)
+	}
+	if !op.isPeer("north") || op.isPeer("south") {
+		t.Error("a discovered member is not served as a peer, or a stranger is")
+	}
+	op.SetDiscovered(nil)
+	if p := op.poller.snapshot(); len(p) != 1 || p[0].cfg.Site != "west" {
+		t.Errorf("after the member left, polling %v", p)
+	}
+}
