@@ -5,10 +5,12 @@
 package status
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -116,6 +118,19 @@ func Parse(body []byte) (*Report, error) {
 	return r, nil
 }
 
+// inKeyOrder lists a table's rows by their {site, name} key: by site, then
+// by provider or cluster.
+func inKeyOrder[V any](rows map[[2]string]V) []V {
+	keys := slices.SortedFunc(maps.Keys(rows), func(a, b [2]string) int {
+		return cmp.Or(strings.Compare(a[0], b[0]), strings.Compare(a[1], b[1]))
+	})
+	out := make([]V, len(keys))
+	for i, k := range keys {
+		out[i] = rows[k]
+	}
+	return out
+}
+
 func (r *Report) provider(site, name string) *providerRow {
 	k := [2]string{site, name}
 	if p := r.providers[k]; p != nil {
@@ -140,17 +155,7 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(r.routes) > 0 {
 		fmt.Fprintln(tw, "ROUTE\tPROVIDER\tRHO\tCEILING\tWEIGHT\tQUEUE\tPICKS")
-		rows := make([]*routeRow, 0, len(r.routes))
-		for _, rr := range r.routes {
-			rows = append(rows, rr)
-		}
-		sort.Slice(rows, func(i, j int) bool {
-			if rows[i].site != rows[j].site {
-				return rows[i].site < rows[j].site
-			}
-			return rows[i].cluster < rows[j].cluster
-		})
-		for _, rr := range rows {
+		for _, rr := range inKeyOrder(r.routes) {
 			score := num(rr.score)
 			if rr.score != nil && math.IsNaN(*rr.score) {
 				score = "excluded"
@@ -158,7 +163,7 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", rr.site, rr.cluster, num2(rr.rho), num(rr.ceiling), num(rr.weight), score, rr.picks)
 		}
 		if len(r.shedding) > 0 {
-			sort.Strings(r.shedding)
+			slices.Sort(r.shedding)
 			fmt.Fprintf(tw, "\nSHEDDING\t%s\n", strings.Join(r.shedding, ", "))
 		}
 		if len(r.providers) == 0 && len(r.peers) == 0 {
@@ -167,17 +172,7 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 		fmt.Fprintln(tw)
 	}
 	fmt.Fprintln(tw, "SITE\tPROVIDER\tREADY\tENDPOINTS\tIN-FLIGHT\tVERDICT")
-	rows := make([]*providerRow, 0, len(r.providers))
-	for _, p := range r.providers {
-		rows = append(rows, p)
-	}
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].site != rows[j].site {
-			return rows[i].site < rows[j].site
-		}
-		return rows[i].provider < rows[j].provider
-	})
-	for _, p := range rows {
+	for _, p := range inKeyOrder(r.providers) {
 		ready := "-"
 		if p.ready != nil {
 			ready = map[bool]string{true: "yes", false: "no"}[*p.ready == 1]
@@ -186,12 +181,7 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 	}
 	if len(r.peers) > 0 {
 		fmt.Fprintln(tw, "\nPEER\tPOLL\tLAST OK\tAGES")
-		names := make([]string, 0, len(r.peers))
-		for n := range r.peers {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(r.peers)) {
 			p := r.peers[n]
 			up := "-"
 			if p.up != nil {
