@@ -31,6 +31,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"sim", "--kind", "triton"}, 2, `sim kind "triton"`},
 		{[]string{"sim", "--no-such-flag"}, 2, "no-such-flag"},
 		{[]string{"operator", "--config", "/nonexistent.yaml"}, 1, "read config"},
+		{[]string{"operator", "--kubernetes", "--namespace", ""}, 2, "--kubernetes needs --namespace"},
 		{[]string{"version"}, 0, ""},
 		{[]string{"bench"}, 2, "grid bench routing"},
 	}

@@ -23,8 +23,17 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	file := fs.String("config", "site.yaml", "operator configuration file")
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "how long in-flight requests get to finish on SIGTERM")
+	var k kubeFlags
+	fs.BoolVar(&k.enabled, "kubernetes", false, "read the configuration from this namespace's GridNetwork, GridSites, InferenceProviders and Secrets instead of --config (docs/operations.md)")
+	fs.StringVar(&k.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "with --kubernetes: the namespace to watch (default $POD_NAMESPACE)")
+	fs.StringVar(&k.dataDir, "data-dir", "/var/run/grid", "with --kubernetes: where Secret keys and state are written (an emptyDir)")
+	fs.StringVar(&k.signalsListen, "signals-listen", "0.0.0.0:9091", "with --kubernetes: the mTLS signals listener")
+	fs.StringVar(&k.metricsListen, "metrics-listen", "0.0.0.0:9090", "with --kubernetes: the plain metrics listener")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if k.enabled {
+		return runKubeOperator(ctx, k, *drain, e)
 	}
 	cfg, err := config.LoadOperator(*file)
 	if err != nil {
@@ -34,12 +43,30 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 		fmt.Fprintf(e.stdout, "%s: valid operator configuration for site %q (%d providers, %d peers)\n", *file, cfg.Site, len(cfg.Providers), len(cfg.Peers))
 		return nil
 	}
-	log := e.log.With("component", "operator", "site", cfg.Site)
-	clk := clock.Real{}
-	state, err := operator.OpenState(cfg.StateDir, clk.Now().UnixMilli(), cfg.Providers)
+	state, err := operator.OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers)
 	if err != nil {
 		return err
 	}
+	return serveOperator(ctx, cfg, state, *drain, e, func(ctx context.Context, op *operator.Operator) {
+		reloadOnHUP(ctx, *file, func() error {
+			next, err := config.LoadOperator(*file)
+			if err != nil {
+				return err
+			}
+			return op.Reload(next)
+		}, op.CountReload, e)
+	})
+}
+
+// serveOperator runs an operator of cfg until ctx ends: its scrapes, its
+// listeners, its peer polls and gossip, and reconfigure, which brings it
+// configuration changes (SIGHUP in file mode, the namespace's resources in
+// Kubernetes mode).
+func serveOperator(ctx context.Context, cfg *config.Operator, state *operator.State, drain time.Duration, e *env,
+	reconfigure func(context.Context, *operator.Operator)) error {
+	log := e.log.With("component", "operator", "site", cfg.Site)
+	clk := clock.Real{}
+	var err error
 	var id *identity.Source
 	if cfg.TLS != nil {
 		if id, err = identity.LoadSource(*cfg.TLS, cfg.TrustDomain, cfg.Site, clk, log); err != nil {
@@ -81,15 +108,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	var wg sync.WaitGroup
 	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	goRun(func() { op.Run(runCtx) })
-	goRun(func() {
-		reloadOnHUP(runCtx, *file, func() error {
-			next, err := config.LoadOperator(*file)
-			if err != nil {
-				return err
-			}
-			return op.Reload(next)
-		}, op.CountReload, e)
-	})
+	goRun(func() { reconfigure(runCtx, op) })
 	var signalsErr error
 	if id != nil {
 		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
@@ -107,13 +126,13 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 			})
 		}
 		goRun(func() {
-			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, *drain); err != nil {
+			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, drain); err != nil {
 				signalsErr = err
 				cancel()
 			}
 		})
 	}
-	err = serveUntilDone(runCtx, srv, guarded, e, *drain)
+	err = serveUntilDone(runCtx, srv, guarded, e, drain)
 	cancel()
 	wg.Wait()
 	if signalsErr != nil {

@@ -23,6 +23,13 @@ func ParseOperator(name string, data []byte) (*Operator, error) {
 	return finishOperator(doc, &c)
 }
 
+// FinishOperator defaults and validates a configuration built in memory
+// (Kubernetes mode builds one from its resources), exactly as a file is;
+// source names where it came from in errors.
+func FinishOperator(source string, c *Operator) (*Operator, error) {
+	return finishOperator(&document{file: source}, c)
+}
+
 func finishOperator(doc *document, c *Operator) (*Operator, error) {
 	c.applyDefaults()
 	if err := c.validate(doc); err != nil {

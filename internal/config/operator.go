@@ -138,6 +138,17 @@ type Provider struct {
 	// Unavailable marks the provider out of service: it is published not ready
 	// whatever its metrics say.
 	Unavailable bool `yaml:"unavailable"`
+	// Object is the provider's revision when it is declared by a Kubernetes
+	// object: peers order its batches by metadata.uid and
+	// metadata.generation. Nil in file mode, where the operator's state mints
+	// them. Not a configuration key.
+	Object *ObjectRevision `yaml:"-"`
+}
+
+// ObjectRevision identifies one version of a provider's Kubernetes object.
+type ObjectRevision struct {
+	UID        string
+	Generation int64
 }
 
 // Provider kinds.

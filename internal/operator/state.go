@@ -73,6 +73,15 @@ func OpenState(dir string, nowMs int64, providers []config.Provider) (*State, er
 	return s, nil
 }
 
+// NewObjectState is the state of an operator whose epoch high-water mark
+// and provider revisions live elsewhere (Kubernetes mode: a ConfigMap and
+// the providers' objects, internal/kube): epoch is the one reserved there,
+// and nothing is written to disk.
+func NewObjectState(epoch int64, providers []config.Provider) (*State, error) {
+	s := &State{Epoch: epoch, Providers: map[string]*Revision{}}
+	return s, s.reconcile(providers)
+}
+
 // Reconcile records a new provider set (a configuration reload): new names
 // get a uid, changed blocks a new generation, removed names are forgotten.
 // The result is written durably.
@@ -89,6 +98,10 @@ func (s *State) reconcile(providers []config.Provider) error {
 		}
 		rev, ok := s.Providers[p.Name]
 		switch {
+		case p.Object != nil:
+			// The object's revision is authoritative: a re-created object
+			// has a new uid, a spec change a new generation.
+			s.Providers[p.Name] = &Revision{UID: p.Object.UID, Generation: p.Object.Generation, ConfigHash: hash}
 		case !ok:
 			uid, err := newUID()
 			if err != nil {
@@ -108,8 +121,11 @@ func (s *State) reconcile(providers []config.Provider) error {
 	return s.write()
 }
 
-// write saves the state durably.
+// write saves the state durably; an object state has nothing to save.
 func (s *State) write() error {
+	if s.path == "" {
+		return nil
+	}
 	data, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err

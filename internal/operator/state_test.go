@@ -95,3 +95,25 @@ func TestStateWrittenBeforeUse(t *testing.T) {
 		t.Errorf("temporary files left: %v", leftovers)
 	}
 }
+
+// TestObjectStateTakesRevisionsFromObjects: in Kubernetes mode a provider's
+// revision is its object's uid and generation, whatever its config hash
+// says, and nothing is written to disk.
+func TestObjectStateTakesRevisionsFromObjects(t *testing.T) {
+	p := config.Provider{Name: "qwen", Model: "m", Object: &config.ObjectRevision{UID: "uid-1", Generation: 4}}
+	s, err := NewObjectState(12345, []config.Provider{p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Revision("qwen"); s.Epoch != 12345 || r.UID != "uid-1" || r.Generation != 4 {
+		t.Fatalf("epoch %d, revision %+v", s.Epoch, r)
+	}
+	// Same spec, re-created object: a new uid, taken as is.
+	p.Object = &config.ObjectRevision{UID: "uid-2", Generation: 1}
+	if err := s.Reconcile([]config.Provider{p}); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Revision("qwen"); r.UID != "uid-2" || r.Generation != 1 {
+		t.Errorf("re-created object: revision %+v", r)
+	}
+}
