@@ -17,6 +17,7 @@ import (
 )
 
 //go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0 object paths=. crd:crdVersions=v1 output:crd:dir=../../deploy/crds
+//go:generate sh -c "cp ../../deploy/crds/*.yaml ../../deploy/helm/grid/crds/"
 
 // GroupVersion is the API group and version of Grid's resources.
 var GroupVersion = schema.GroupVersion{Group: "grid-inference.io", Version: "v1alpha1"}

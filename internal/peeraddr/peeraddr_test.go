@@ -1,6 +1,8 @@
 package peeraddr
 
 import (
+	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -60,9 +62,19 @@ func FuzzCheck(f *testing.F) {
 	for _, s := range []string{"https://10.0.0.7:9091", "https://[::1]:1", "https://a.b:9", "https://%zz"} {
 		f.Add(s)
 	}
+	f.Add("htTps://A:1") // schemes are case-insensitive: this is https
 	f.Fuzz(func(t *testing.T, s string) {
-		if Check(s) == nil && !strings.HasPrefix(s, "https://") {
-			t.Errorf("%q accepted without https", s)
+		if Check(s) != nil {
+			return
+		}
+		// Whatever is accepted is https to a host:port and nothing else,
+		// and never a loopback or unspecified literal.
+		u, err := url.Parse(s)
+		if err != nil || u.Scheme != "https" || u.Port() == "" || u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
+			t.Fatalf("%q accepted: %+v, %v", s, u, err)
+		}
+		if a, err := netip.ParseAddr(u.Hostname()); err == nil && (a.Unmap().IsLoopback() || a.IsUnspecified()) {
+			t.Fatalf("%q accepted: %s", s, a)
 		}
 	})
 }
