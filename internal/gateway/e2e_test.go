@@ -483,3 +483,104 @@ func deref(p *float64) float64 {
 	}
 	return *p
 }
+
+// TestIdleSplitFollowsCapacity: two idle sites of unequal capacity (4 and 12
+// slots) share the requests sent to east's gateway in proportion to the
+// capacity the gateway learned from their signals, under both policies.
+func TestIdleSplitFollowsCapacity(t *testing.T) {
+	for _, policy := range []string{config.PolicyAgeAware, config.PolicyReference} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel() // each waits out its load window
+			idleSplit(t, policy)
+		})
+	}
+}
+
+func idleSplit(t *testing.T, policy string) {
+	slots := map[string]int{"east": 4, "west": 12}
+	g := startGrid(t, gridSpec{slots: slots, ceilingFloor: 1, policy: policy})
+	east := g["east"]
+	warm(t, east) // the gateway polls from here on
+
+	// Teach each site its capacity: fill every slot, queue nothing, for a
+	// few scrapes and polls, straight at the sims.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for name, n := range slots {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g[name].simURL+"/v1/completions",
+					strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":250}`, sim.DefaultModel)))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+	}
+	learned := func() bool {
+		got := map[string]float64{}
+		for _, c := range east.gw.Snapshot().Candidates {
+			got[c.Site] = c.Ceiling
+		}
+		return got["east"] == 4 && got["west"] == 12
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !learned() {
+		if time.Now().After(deadline) {
+			t.Fatalf("capacities not learned: %+v", east.gw.Snapshot().Candidates)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel() // the teaching requests end; both sites go idle
+	wg.Wait()
+
+	// Once both sites read idle (the readings are the worst of the load
+	// window), send requests four at a time.
+	idle := func() bool {
+		n := 0
+		for _, c := range east.gw.Snapshot().Candidates {
+			if c.Measured && c.InFlight == 0 {
+				n++
+			}
+		}
+		return n == 2
+	}
+	for deadline = time.Now().Add(15 * time.Second); !idle(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("sites never read idle: %+v", east.gw.Snapshot().Candidates)
+		}
+	}
+	const requests, workers = 400, 4
+	var mu sync.Mutex
+	served := map[string]int{}
+	next := make(chan struct{}, requests)
+	for range requests {
+		next <- struct{}{}
+	}
+	close(next)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				resp, _ := chat(t, east.client, 1, false)
+				mu.Lock()
+				served[resp.Header.Get("X-Grid-Site")]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	share := float64(served["west"]) / requests
+	t.Logf("%s: west (12 slots) served %.0f%% of %d requests, east (4 slots) %d", policy, 100*share, requests, served["east"])
+	if served["east"]+served["west"] != requests {
+		t.Errorf("served %v", served)
+	}
+	if share < 0.65 || share > 0.85 {
+		t.Errorf("west's share %.2f, want about 0.75 (capacity 12 of 16)", share)
+	}
+}
