@@ -293,6 +293,7 @@ operator: {signals: "https://%[6]s"}
 	if code, body, err := read("north"); err != nil || code != 403 {
 		t.Errorf("north's certificate: %d %v %q", code, err, body)
 	}
+	curlSignals(t, certs, signalsAddr["east"])
 	// Through east's gateway, both sites serve requests.
 	served := map[string]bool{}
 	eventually(t, "both sites serve through east's gateway", 20*time.Second, func() bool {
@@ -310,5 +311,64 @@ operator: {signals: "https://%[6]s"}
 	out, err := exec.Command(gridBinary, "status", "--metrics", "http://"+metricsAddr["east"]).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "west-pool") || !strings.Contains(string(out), "accepted") || !strings.Contains(string(out), "Ready") {
 		t.Errorf("grid status: %v\n%s", err, out)
+	}
+}
+
+// curlSignals reads east's signals endpoint with curl, as an operator of the
+// grid would: east's own certificate gets both sites' rows, a peer's gets
+// east's rows only, a site east does not peer with gets 403, and no
+// certificate or one from another CA fails the handshake.
+func curlSignals(t *testing.T, certs, addr string) {
+	t.Helper()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Log("curl not installed; the Go client checks above stand")
+		return
+	}
+	other := filepath.Join(t.TempDir(), "other")
+	for _, args := range [][]string{{"certs", "init", "--dir", other}, {"certs", "issue", "--dir", other, "--site", "west"}} {
+		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
+			t.Fatalf("grid %v: %v\n%s", args, err, out)
+		}
+	}
+	url := "https://east.grid.internal:" + addr[strings.LastIndex(addr, ":")+1:] + "/v1/site/signals"
+	resolve := "east.grid.internal:" + addr[strings.LastIndex(addr, ":")+1:] + ":" + addr[:strings.LastIndex(addr, ":")]
+	run := func(dir, site string) (string, error) {
+		args := []string{"-sS", "--max-time", "5", "--cacert", filepath.Join(certs, "ca.crt"), "--resolve", resolve, "-w", "\n%{http_code}"}
+		if site != "" {
+			args = append(args, "--cert", filepath.Join(dir, site+".crt"), "--key", filepath.Join(dir, site+".key"))
+		}
+		out, err := exec.Command(curl, append(args, url)...).CombinedOutput()
+		return string(out), err
+	}
+	for _, tc := range []struct {
+		dir, site   string
+		status      string
+		east, west  bool
+		handshakeOK bool
+	}{
+		{certs, "east", "200", true, true, true},
+		{certs, "west", "200", true, false, true},
+		{certs, "north", "403", false, false, true},
+		{certs, "", "", false, false, false},
+		{other, "west", "", false, false, false},
+	} {
+		out, err := run(tc.dir, tc.site)
+		name := tc.site
+		if tc.dir == other {
+			name = "another CA's " + tc.site
+		} else if name == "" {
+			name = "no certificate"
+		}
+		if !tc.handshakeOK {
+			if err == nil || !strings.Contains(out, "alert") {
+				t.Errorf("curl with %s: want a TLS alert, got %v\n%s", name, err, out)
+			}
+			continue
+		}
+		if err != nil || !strings.HasSuffix(out, "\n"+tc.status) ||
+			strings.Contains(out, `grid_site="east"`) != tc.east || strings.Contains(out, `grid_site="west"`) != tc.west {
+			t.Errorf("curl with %s: %v\n%s", name, err, out)
+		}
 	}
 }

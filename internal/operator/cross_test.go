@@ -199,6 +199,16 @@ func TestTwoOperatorsSeeEachOther(t *testing.T) {
 	if _, _, err := get(t, foreign, "east", eastAddr, SignalsPath); err == nil {
 		t.Error("a foreign CA's certificate was served")
 	}
+	// No client certificate: the handshake fails.
+	anon, _ := eastID.ClientTLS("east")
+	anon = anon.Clone()
+	anon.Certificates, anon.GetClientCertificate = nil, nil
+	nc := &http.Client{Transport: &http.Transport{TLSClientConfig: anon}, Timeout: 3 * time.Second}
+	if r, err := nc.Get("https://" + eastAddr + SignalsPath); err == nil {
+		r.Body.Close()
+		t.Errorf("a client without a certificate was served: %d", r.StatusCode)
+	}
+	nc.CloseIdleConnections()
 	// A valid certificate of a site east does not peer with: 403.
 	resp, body, err = get(t, northID, "east", eastAddr, SignalsPath)
 	if err != nil || resp.StatusCode != 403 || body != refusedBody {
