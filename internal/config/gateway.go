@@ -24,6 +24,10 @@ type Gateway struct {
 	// IdleAfter stops polling after this long without a request; the next
 	// request resumes it.
 	IdleAfter Duration `yaml:"idleAfter"`
+	// ForgetAfter drops a remote provider from the candidate list once no
+	// row of it has arrived for this long (its site was removed, or it was
+	// removed from its site); until then it stays, unmeasured, sorted last.
+	ForgetAfter Duration `yaml:"forgetAfter"`
 	// Availability tunes the snapshot's capacity learning and shedding.
 	Availability Availability `yaml:"availability"`
 	// Limits bound what clients and peer gateways may hold.
@@ -98,6 +102,7 @@ const (
 	DefaultGatewayMetrics = "127.0.0.1:8082"
 	DefaultPollInterval   = time.Second
 	DefaultIdleAfter      = 5 * time.Minute
+	DefaultForgetAfter    = 5 * time.Minute
 
 	DefaultSmoothing         = 0.3
 	DefaultCeilingHalfLifeMs = 600_000
@@ -122,6 +127,7 @@ func (c *Gateway) applyDefaults() {
 	setString(&c.Metrics.Listen, DefaultGatewayMetrics)
 	setDuration(&c.PollInterval, DefaultPollInterval)
 	setDuration(&c.IdleAfter, DefaultIdleAfter)
+	setDuration(&c.ForgetAfter, DefaultForgetAfter)
 	setInt(&c.Limits.ClientConns, DefaultClientConns)
 	setInt(&c.Limits.HopConns, DefaultHopConns)
 	setInt(&c.Limits.HopConnsPerSource, DefaultHopConnsPerSource)

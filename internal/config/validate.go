@@ -226,6 +226,7 @@ func (c *Gateway) validate(doc *document) error {
 	p.url("operator.signals", c.Operator.Signals, true, "https")
 	p.positive("pollInterval", c.PollInterval)
 	p.positive("idleAfter", c.IdleAfter)
+	p.positive("forgetAfter", c.ForgetAfter)
 	p.atLeast("limits.clientConns", c.Limits.ClientConns, 0)
 	p.atLeast("limits.clientConnsPerSource", c.Limits.ClientConnsPerSource, 0)
 	p.atLeast("limits.hopConns", c.Limits.HopConns, 0)

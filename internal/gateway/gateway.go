@@ -286,6 +286,7 @@ func (g *Gateway) Poll(ctx context.Context) {
 	// Fold the observation before the refresh, so nothing that happens to
 	// the refresh can lose a skew drop.
 	g.rep.fold(res.Dropped[loadstore.DropSkew])
+	g.forget(cfg)
 	g.refresh()
 	g.firstOnce.Do(func() { close(g.first) })
 	g.report(ctx, base)
@@ -377,6 +378,21 @@ func (g *Gateway) topology() []route.Candidate {
 	}
 	sort.SliceStable(remote, func(i, j int) bool { return remote[i].Site < remote[j].Site })
 	return append(out, remote...)
+}
+
+// forget drops providers whose rows stopped arriving (forgetAfter, and
+// never less than two load windows, so a live peer is not forgotten
+// between its polls). It runs only after a successful poll: a gateway that
+// cannot read its operator, or has been idle, keeps what it knew.
+func (g *Gateway) forget(cfg *config.Gateway) {
+	horizon := cfg.ForgetAfter.D().Milliseconds()
+	if s := g.serving.Load(); s != nil {
+		horizon = max(horizon, 2*s.LoadWindowMs)
+	}
+	if gone := g.store.Forget(g.timeline.NowMs() - horizon); len(gone) > 0 {
+		g.builder.Forget(gone)
+		g.log.Info("forgot providers no longer relayed", "providers", gone, "after", time.Duration(horizon)*time.Millisecond)
+	}
 }
 
 // refresh rebuilds the snapshot and the hop view, and publishes gauges.

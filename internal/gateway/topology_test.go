@@ -3,7 +3,10 @@ package gateway
 import (
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/operator"
 	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/sim"
@@ -69,5 +72,55 @@ func TestHopRoutesLocallyOnly(t *testing.T) {
 	}
 	if got := sites(g.snapshot(true)); got["west"] || !got["east"] {
 		t.Errorf("hop view %v, want east only", got)
+	}
+}
+
+// TestRemovedRemoteProviderIsForgotten: a remote provider whose rows stop
+// arriving stays an unmeasured candidate for forgetAfter, then leaves the
+// candidate list; providers still relayed stay.
+func TestRemovedRemoteProviderIsForgotten(t *testing.T) {
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	clk := clock.NewFake(time.UnixMilli(1_000_000))
+	g.timeline = loadstore.NewTimeline(clk)
+	g.serving.Store(&operator.Serving{
+		Site:         "east",
+		Providers:    []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers:        []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
+		LoadWindowMs: 13_000,
+	})
+	info := func(provider string) []byte {
+		now := g.timeline.NowMs()
+		return []byte(fmt.Sprintf("grid_provider_info{grid_provider=%q,grid_site=\"west\",model=%q} 1 %d\n", provider, sim.DefaultModel, now))
+	}
+	remote := func() map[string]bool {
+		g.forget(g.cfg.Load())
+		g.refresh()
+		out := map[string]bool{}
+		for _, c := range g.Snapshot().Candidates {
+			if c.Site == "west" {
+				out[c.Provider] = true
+			}
+		}
+		return out
+	}
+	now := g.timeline.NowMs()
+	g.store.Ingest(append(info("kept"), info("removed")...), now, now, now, "east", true)
+	if got := remote(); !got["kept"] || !got["removed"] {
+		t.Fatalf("remote candidates %v", got)
+	}
+	// Four minutes on, only "kept" is still relayed: both stay.
+	clk.Advance(4 * time.Minute)
+	now = g.timeline.NowMs()
+	g.store.Ingest(info("kept"), now, now, now, "east", true)
+	if got := remote(); !got["kept"] || !got["removed"] {
+		t.Fatalf("within forgetAfter: %v", got)
+	}
+	// Past five minutes without a row, "removed" is forgotten.
+	clk.Advance(90 * time.Second)
+	now = g.timeline.NowMs()
+	g.store.Ingest(info("kept"), now, now, now, "east", true)
+	if got := remote(); !got["kept"] || got["removed"] {
+		t.Errorf("after forgetAfter: %v, want kept only", got)
 	}
 }

@@ -2,7 +2,6 @@ package loadstore
 
 import (
 	"hash/fnv"
-	"sort"
 
 	"github.com/grid-inference/grid/internal/signals"
 )
@@ -92,12 +91,7 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, owner string, l
 	for k := range groups {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].Site != keys[j].Site {
-			return keys[i].Site < keys[j].Site
-		}
-		return keys[i].Provider < keys[j].Provider
-	})
+	sortKeys(keys)
 	perSite := map[string]int{}
 
 	s.mu.Lock()
@@ -123,6 +117,7 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, owner string, l
 		}
 		for i := range rows {
 			p := &rows[i]
+			e.newestAt = max(e.newestAt, p.at)
 			if p.row.Name == signals.Info {
 				if m, _ := p.row.Label(signals.LabelModel); p.at >= e.infoAt {
 					e.model, e.infoAt = m, p.at

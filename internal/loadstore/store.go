@@ -122,6 +122,8 @@ type entry struct {
 	model string
 	// infoAt is the timeline instant of the latest info row.
 	infoAt int64
+	// newestAt is the timeline instant of the newest row stored.
+	newestAt int64
 }
 
 // Store is the load store. It is safe for concurrent use.
@@ -146,13 +148,38 @@ func (s *Store) Keys() []Key {
 	for k := range s.keys {
 		out = append(out, k)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Site != out[j].Site {
-			return out[i].Site < out[j].Site
-		}
-		return out[i].Provider < out[j].Provider
-	})
+	sortKeys(out)
 	return out
+}
+
+func sortKeys(keys []Key) {
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Site != keys[j].Site {
+			return keys[i].Site < keys[j].Site
+		}
+		return keys[i].Provider < keys[j].Provider
+	})
+}
+
+// Forget drops every key whose newest row is older than cutoffMs on the
+// timeline (its series, fence and model, and its place under the caps), so
+// a provider that stopped being relayed leaves the candidate list. It
+// returns the keys dropped, sorted.
+func (s *Store) Forget(cutoffMs int64) []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []Key
+	for k, e := range s.keys {
+		if e.newestAt < cutoffMs {
+			delete(s.keys, k)
+			if s.perSite[k.Site]--; s.perSite[k.Site] == 0 {
+				delete(s.perSite, k.Site)
+			}
+			gone = append(gone, k)
+		}
+	}
+	sortKeys(gone)
+	return gone
 }
 
 // View is a read of one key, copied out of the store so a snapshot builder

@@ -160,3 +160,42 @@ func FuzzIngest(f *testing.F) {
 		}
 	})
 }
+
+// TestForget: a key whose newest row is older than the cutoff leaves the
+// store with its fence and its place under the caps; a key still relayed
+// stays, however old its other series.
+func TestForget(t *testing.T) {
+	s := New(time.Minute)
+	s.Ingest([]byte(meta("w", "gone", 1000, 9, 0, 1000)+line(signals.Info, "w", "gone", 1, 1000, `model="m"`)), 1000, 1000, 1000, "e", true)
+	s.Ingest([]byte(line(signals.Ready, "w", "live", 1, 1000)), 1000, 1000, 1000, "e", true)
+	s.Ingest([]byte(line(signals.InFlight, "w", "live", 3, 500_000)), 500_000, 500_000, 500_000, "e", true)
+
+	if gone := s.Forget(400_000); len(gone) != 1 || gone[0] != (Key{"w", "gone"}) {
+		t.Fatalf("forgot %v, want w/gone only", gone)
+	}
+	if got := s.Keys(); len(got) != 1 || got[0] != (Key{"w", "live"}) {
+		t.Errorf("keys after forgetting: %v", got)
+	}
+	// The provider returns (a new publisher, an older sequence): its key
+	// starts afresh, no fence from before refuses it.
+	res := s.Ingest([]byte(meta("w", "gone", 900, 1, 0, 600_000)), 600_000, 600_000, 600_000, "e", true)
+	if len(res.Dropped) != 0 {
+		t.Errorf("a returning provider was refused: %v", res.Dropped)
+	}
+	if v, ok := s.View(Key{"w", "gone"}); !ok || v.Model != "" {
+		t.Errorf("returning provider %+v: want a fresh key without the old model", v)
+	}
+
+	// Forgetting frees the per-site cap.
+	full := New(time.Minute)
+	for i := range MaxKeysPerSite { // one answer carries at most MaxProvidersPerSite
+		full.Ingest([]byte(line(signals.Ready, "x", fmt.Sprintf("p%03d", i), 1, 1000)), 1000, 1000, 1000, "e", true)
+	}
+	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, "e", true); res.Dropped[DropCap] != 1 {
+		t.Fatalf("cap not reached: %v", res.Dropped)
+	}
+	full.Forget(1500)
+	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, "e", true); len(res.Dropped) != 0 || len(full.Keys()) != 1 {
+		t.Errorf("after forgetting, drops %v, keys %d", res.Dropped, len(full.Keys()))
+	}
+}

@@ -598,3 +598,20 @@ func TestOwnSendsDrainWithTheBacklog(t *testing.T) {
 		t.Errorf("no time elapsed: %v", got)
 	}
 }
+
+// TestForgetStartsLearningAfresh: once the store forgets a provider, the
+// builder drops its learned bounds too, so a provider that returns under
+// the same name is learned from its new readings alone.
+func TestForgetStartsLearningAfresh(t *testing.T) {
+	w := newWorld(t, "a")
+	w.set.CeilingFloor = 1
+	w.publish("a", 1000, obs{running: 40, queue: f(0)})
+	if c := find(w.build(1000), "a"); c.Ceiling != 40 {
+		t.Fatalf("learned ceiling %v, want 40", c.Ceiling)
+	}
+	w.b.Forget(w.store.Forget(2000))
+	w.publish("a", 3000, obs{running: 5, queue: f(0)})
+	if c := find(w.build(3000), "a"); c.Ceiling != 5 {
+		t.Errorf("ceiling after forgetting %v, want 5 (learned afresh)", c.Ceiling)
+	}
+}

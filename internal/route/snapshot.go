@@ -186,6 +186,18 @@ func NewBuilder() *Builder {
 	return b
 }
 
+// Forget drops what the builder learned of keys the store forgot, so a
+// provider that returns starts learning afresh and the builder holds
+// nothing for providers gone for good.
+func (b *Builder) Forget(keys []loadstore.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range keys {
+		delete(b.learned, k)
+		delete(b.own, k)
+	}
+}
+
 // Current is the latest snapshot: one atomic load.
 func (b *Builder) Current() *Snapshot { return b.current.Load() }
 
