@@ -37,6 +37,9 @@ import (
 const (
 	signalsBodyCap = 1 << 20
 	pollTimeout    = 2 * time.Second
+	// maxRelayPages bounds the pages of one poll cycle: the store's key
+	// cap fits in well under it.
+	maxRelayPages = 16
 	// storeWindow is how long the store keeps samples (the reference's
 	// window_secs).
 	storeWindow = 60 * time.Second
@@ -238,18 +241,19 @@ func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Poll runs one cycle: read the operator's relay and serving document,
-// ingest, rebuild the snapshot. The snapshot is rebuilt after every cycle,
-// success or not, so readings age and learned state decays.
+// Poll runs one cycle: read the operator's relay (page by page, when the
+// operator's body cap cuts it) and serving document, ingest, rebuild the
+// snapshot. The snapshot is rebuilt after every cycle, success or not, so
+// readings age and learned state decays.
 func (g *Gateway) Poll(ctx context.Context) {
 	cfg := g.cfg.Load()
 	base := strings.TrimRight(cfg.Operator.Signals, "/")
-	body, date, err := g.fetch(ctx, base+operator.SignalsPath)
+	first, err := g.fetch(ctx, base+operator.SignalsPath)
 	if err == nil {
-		var doc []byte
-		if doc, _, err = g.fetch(ctx, base+operator.ServingPath); err == nil {
+		var doc fetched
+		if doc, err = g.fetch(ctx, base+operator.ServingPath); err == nil {
 			var s operator.Serving
-			if err = json.Unmarshal(doc, &s); err != nil {
+			if err = json.Unmarshal(doc.body, &s); err != nil {
 				err = &pollError{"encoding", err}
 			} else if s.Site != cfg.Site {
 				err = &pollError{"unauthorized", fmt.Errorf("serving document of site %q", s.Site)}
@@ -259,16 +263,11 @@ func (g *Gateway) Poll(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		result := "unreachable"
-		var pe *pollError
-		if errors.As(err, &pe) {
-			result = pe.result
-		}
 		if ctx.Err() != nil {
 			return
 		}
-		g.m.polls.WithLabelValues(result).Inc()
-		g.log.Debug("operator poll failed", "result", result, "err", err)
+		g.m.polls.WithLabelValues(pollResult(err)).Inc()
+		g.log.Debug("operator poll failed", "result", pollResult(err), "err", err)
 		g.refresh()
 		// A failed poll observes nothing, but pending bad evidence is retried.
 		if g.rep.pendingBad() {
@@ -276,20 +275,58 @@ func (g *Gateway) Poll(ctx context.Context) {
 		}
 		return
 	}
-	res := g.store.Ingest(body, date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), cfg.Site, true)
-	for reason, n := range res.Dropped {
-		g.m.dropped.WithLabelValues(reason).Add(float64(n))
+	skew, size := g.ingest(first, cfg.Site), len(first.body)
+	// The rest of the relay. A page that fails ends the cycle with what
+	// was read; its rows are kept, and nothing is forgotten on a partial
+	// read.
+	for pages, next := 1, first.next; next != "" && err == nil; pages++ {
+		if pages == maxRelayPages {
+			err = &pollError{"too_large", fmt.Errorf("relay longer than %d pages", maxRelayPages)}
+			break
+		}
+		var page fetched
+		if page, err = g.fetch(ctx, base+operator.SignalsPath+"?after="+url.QueryEscape(next)); err == nil {
+			skew += g.ingest(page, cfg.Site)
+			size += len(page.body)
+			next = page.next
+		}
 	}
-	g.m.polls.WithLabelValues("ok").Inc()
-	g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
-	g.m.responseBytes.Set(float64(len(body)))
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		g.m.polls.WithLabelValues(pollResult(err)).Inc()
+		g.log.Warn("operator relay read in part", "result", pollResult(err), "err", err)
+	} else {
+		g.m.polls.WithLabelValues("ok").Inc()
+		g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
+		g.m.responseBytes.Set(float64(size))
+		g.forget(cfg)
+	}
 	// Fold the observation before the refresh, so nothing that happens to
 	// the refresh can lose a skew drop.
-	g.rep.fold(res.Dropped[loadstore.DropSkew])
-	g.forget(cfg)
+	g.rep.fold(skew)
 	g.refresh()
 	g.firstOnce.Do(func() { close(g.first) })
 	g.report(ctx, base)
+}
+
+// ingest stores one relay page, counts its drops and returns its skew
+// drops.
+func (g *Gateway) ingest(page fetched, site string) int {
+	res := g.store.Ingest(page.body, page.date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), site, true)
+	for reason, n := range res.Dropped {
+		g.m.dropped.WithLabelValues(reason).Add(float64(n))
+	}
+	return res.Dropped[loadstore.DropSkew]
+}
+
+func pollResult(err error) string {
+	var pe *pollError
+	if errors.As(err, &pe) {
+		return pe.result
+	}
+	return "unreachable"
 }
 
 // report delivers pending skew evidence to the operator; a failure is
@@ -308,38 +345,45 @@ type pollError struct {
 func (e *pollError) Error() string { return e.result + ": " + e.err.Error() }
 func (e *pollError) Unwrap() error { return e.err }
 
-// fetch GETs one operator document, bounded in time and size, and returns
-// it with the answer's Date.
-func (g *Gateway) fetch(ctx context.Context, url string) ([]byte, time.Time, error) {
+// fetched is one operator document with its answer's Date and, for a
+// relay page the operator's body cap cut, where the next page starts.
+type fetched struct {
+	body []byte
+	date time.Time
+	next string
+}
+
+// fetch GETs one operator document, bounded in time and size.
+func (g *Gateway) fetch(ctx context.Context, url string) (fetched, error) {
 	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, time.Time{}, &pollError{"config", err}
+		return fetched{}, &pollError{"config", err}
 	}
 	resp, err := g.opClient.Do(req)
 	if err != nil {
-		return nil, time.Time{}, &pollError{"unreachable", err}
+		return fetched{}, &pollError{"unreachable", err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusForbidden {
-		return nil, time.Time{}, &pollError{"unauthorized", fmt.Errorf("HTTP %d", resp.StatusCode)}
+		return fetched{}, &pollError{"unauthorized", fmt.Errorf("HTTP %d", resp.StatusCode)}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, time.Time{}, &pollError{"unreachable", fmt.Errorf("HTTP %d", resp.StatusCode)}
+		return fetched{}, &pollError{"unreachable", fmt.Errorf("HTTP %d", resp.StatusCode)}
 	}
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signalsBodyCap+1)); err != nil {
-		return nil, time.Time{}, &pollError{"unreachable", err}
+		return fetched{}, &pollError{"unreachable", err}
 	}
 	if buf.Len() > signalsBodyCap {
-		return nil, time.Time{}, &pollError{"too_large", errors.New("answer exceeds 1 MiB")}
+		return fetched{}, &pollError{"too_large", errors.New("answer exceeds 1 MiB")}
 	}
 	date, err := http.ParseTime(resp.Header.Get("Date"))
 	if err != nil {
-		return nil, time.Time{}, &pollError{"no_date", err}
+		return fetched{}, &pollError{"no_date", err}
 	}
-	return buf.Bytes(), date, nil
+	return fetched{body: buf.Bytes(), date: date, next: resp.Header.Get(operator.RelayNextHeader)}, nil
 }
 
 // topology is the candidate list: this site's providers from its operator's

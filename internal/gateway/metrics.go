@@ -51,7 +51,7 @@ func newMetrics() *metrics {
 		shedding:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_shedding", Help: "1 while the gateway sheds this model, 0 otherwise."}, []string{"model"}),
 		polls:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_poll_total", Help: "Operator polls by result: ok, unreachable, unauthorized, too_large, no_date, encoding, config."}, []string{"result"}),
 		lastSuccess:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_last_success_timestamp_seconds", Help: "Unix time of the last successful operator poll."}),
-		responseBytes:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_response_bytes", Help: "Size of the last successful operator answer."}),
+		responseBytes:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_signals_response_bytes", Help: "Size of the last successful relay read, all its pages together."}),
 		dropped:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_ingest_dropped_total", Help: "Signal rows dropped at ingest, by reason."}, []string{"reason"}),
 		reloads:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_config_reload_total", Help: "Configuration reloads by result: applied or rejected."}, []string{"result"}),
 		duration:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_duration_seconds", Help: "Time from a request's arrival to the end of its answer, by outcome.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"outcome"}),

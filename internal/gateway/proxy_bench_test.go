@@ -26,11 +26,22 @@ import (
 // benchGateway is a gateway whose only candidate is the given upstream,
 // installed without an operator.
 func benchGateway(tb testing.TB, upstream string) *Gateway {
+	g, _ := newTestGateway(tb, "https://127.0.0.1:1")
+	g.serving.Store(&operator.Serving{Site: "east", Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: upstream}}})
+	g.refresh()
+	g.firstOnce.Do(func() { close(g.first) })
+	return g
+}
+
+// newTestGateway is east's gateway reading the operator at operatorURL,
+// with east's identity from a fresh grid CA (which an operator of the test
+// can serve with).
+func newTestGateway(tb testing.TB, operatorURL string) (*Gateway, *identity.Source) {
 	dir := tb.TempDir()
 	identity.Init(dir, "grid.internal", time.Now())
 	identity.Issue(dir, "east", nil, time.Now())
-	cfg, err := config.ParseGateway("bench", []byte(fmt.Sprintf("site: east\ntls: {ca: %q, cert: %q, key: %q}\noperator: {signals: 'https://127.0.0.1:1'}\n",
-		filepath.Join(dir, "ca.crt"), filepath.Join(dir, "east.crt"), filepath.Join(dir, "east.key"))))
+	cfg, err := config.ParseGateway("test", []byte(fmt.Sprintf("site: east\ntls: {ca: %q, cert: %q, key: %q}\noperator: {signals: %q}\n",
+		filepath.Join(dir, "ca.crt"), filepath.Join(dir, "east.crt"), filepath.Join(dir, "east.key"), operatorURL)))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -42,10 +53,7 @@ func benchGateway(tb testing.TB, upstream string) *Gateway {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g.serving.Store(&operator.Serving{Site: "east", Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: upstream}}})
-	g.refresh()
-	g.firstOnce.Do(func() { close(g.first) })
-	return g
+	return g, id
 }
 
 // load sends requests from workers concurrent clients for d and returns

@@ -1,9 +1,20 @@
 package gateway
 
 import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/loadstore"
@@ -122,5 +133,74 @@ func TestRemovedRemoteProviderIsForgotten(t *testing.T) {
 	g.store.Ingest(info("kept"), now, now, now, "east", true)
 	if got := remote(); !got["kept"] || got["removed"] {
 		t.Errorf("after forgetAfter: %v, want kept only", got)
+	}
+}
+
+// TestPollReadsEveryRelayPage: when the operator's body cap cuts its relay,
+// one poll cycle follows the cursor and ingests every page; a page that
+// fails ends the cycle as a failed poll, keeping the pages read.
+func TestPollReadsEveryRelayPage(t *testing.T) {
+	var failSecond atomic.Bool
+	var afters []string
+	var mu sync.Mutex
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, id := newTestGateway(t, "https://"+ln.Addr().String())
+	defer g.Close()
+	now := time.Now()
+	info := func(provider string) string {
+		return fmt.Sprintf("grid_provider_info{grid_provider=%q,grid_site=\"west\",model=%q} 1 %d\n", provider, sim.DefaultModel, now.UnixMilli())
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Date", now.UTC().Format(http.TimeFormat))
+		if r.URL.Path == operator.ServingPath {
+			json.NewEncoder(w).Encode(operator.Serving{Site: "east", Peers: []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}}, LoadWindowMs: 13_000})
+			return
+		}
+		if r.URL.Path != operator.SignalsPath {
+			http.NotFound(w, r) // the rejection reports: not this test's concern
+			return
+		}
+		after := r.URL.Query().Get("after")
+		mu.Lock()
+		afters = append(afters, after)
+		mu.Unlock()
+		switch after {
+		case "":
+			w.Header().Set(operator.RelayNextHeader, "peers:west/a")
+			io.WriteString(w, info("a"))
+		case "peers:west/a":
+			if failSecond.Load() {
+				http.Error(w, "boom", http.StatusInternalServerError)
+				return
+			}
+			io.WriteString(w, info("b"))
+		default:
+			http.Error(w, "bad cursor", http.StatusBadRequest)
+		}
+	}), ErrorLog: log.New(io.Discard, "", 0)}
+	go srv.Serve(tls.NewListener(ln, id.ServerTLS()))
+	defer srv.Close()
+
+	g.Poll(context.Background())
+	if got := g.store.Keys(); len(got) != 2 {
+		t.Fatalf("store holds %v after one poll, want west/a and west/b", got)
+	}
+	if v := testutil.ToFloat64(g.m.polls.WithLabelValues("ok")); v != 1 {
+		t.Errorf("ok polls %v", v)
+	}
+	if len(afters) != 2 || afters[1] != "peers:west/a" {
+		t.Errorf("cursors sent %q", afters)
+	}
+
+	failSecond.Store(true)
+	g.Poll(context.Background())
+	if v := testutil.ToFloat64(g.m.polls.WithLabelValues("unreachable")); v != 1 {
+		t.Errorf("a failed page counted %v unreachable polls", v)
+	}
+	if got := g.store.Keys(); len(got) != 2 {
+		t.Errorf("store holds %v after a partial read", got)
 	}
 }

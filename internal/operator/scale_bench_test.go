@@ -1,15 +1,22 @@
 package operator
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // scaledOperator is site s00 of a grid of n sites that each run 16 EPP
@@ -73,13 +80,27 @@ func (s *scaledOperator) pollRound() {
 	}
 }
 
-// relay renders what the site's gateway reads: site and peer rows.
-func (s *scaledOperator) relay() []byte {
+// relay renders what the site's gateway reads, page by page as it asks:
+// site and peer rows.
+func (s *scaledOperator) relay() [][]byte {
 	now := time.Now()
-	var a answer
-	s.op.render(&a, "site", s.op.site.Current(now), now, selection{})
-	s.op.render(&a, "peers", s.op.peerStore.Current(now), now, selection{})
-	return a.body
+	var pages [][]byte
+	var after cursor
+	for {
+		a := s.op.signalsAnswer(now, selection{}, true, after)
+		pages = append(pages, a.body)
+		if a.next == (cursor{}) {
+			return pages
+		}
+		after = a.next
+	}
+}
+
+func size(pages [][]byte) (n int) {
+	for _, p := range pages {
+		n += len(p)
+	}
+	return n
 }
 
 var gridSizes = []int{3, 10, 30, 100}
@@ -104,12 +125,13 @@ func BenchmarkRelay(b *testing.B) {
 	for _, n := range gridSizes {
 		b.Run(fmt.Sprintf("sites=%d", n), func(b *testing.B) {
 			s := newScaledOperator(b, n)
-			var size int
+			var pages [][]byte
 			b.ReportAllocs()
 			for b.Loop() {
-				size = len(s.relay())
+				pages = s.relay()
 			}
-			b.ReportMetric(float64(size), "relay-bytes")
+			b.ReportMetric(float64(size(pages)), "relay-bytes")
+			b.ReportMetric(float64(len(pages)), "pages")
 		})
 	}
 }
@@ -135,10 +157,17 @@ func newSiteGateway(sites int) *siteGateway {
 	return g
 }
 
-// poll is what the gateway does with one relay: ingest, then rebuild.
-func (g *siteGateway) ingest(relay []byte) loadstore.Result {
+// ingest is what the gateway does with one relay, page by page; it
+// returns the drops.
+func (g *siteGateway) ingest(relay [][]byte) map[string]int {
 	now := time.Now().UnixMilli()
-	return g.store.Ingest(relay, now, now, now, "s00", true)
+	dropped := map[string]int{}
+	for _, page := range relay {
+		for reason, n := range g.store.Ingest(page, now, now, now, "s00", true).Dropped {
+			dropped[reason] += n
+		}
+	}
+	return dropped
 }
 
 func (g *siteGateway) rebuild() *route.Snapshot {
@@ -154,7 +183,7 @@ func BenchmarkGatewayIngest(b *testing.B) {
 		b.Run(fmt.Sprintf("sites=%d/ingest", n), func(b *testing.B) {
 			g := newSiteGateway(n)
 			b.ReportAllocs()
-			b.SetBytes(int64(len(relay)))
+			b.SetBytes(int64(size(relay)))
 			for b.Loop() {
 				g.ingest(relay)
 			}
@@ -184,15 +213,21 @@ func TestGridScaleFootprint(t *testing.T) {
 		relay := s.relay()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		batches := strings.Count(string(relay), "grid_provider_config_generation{")
+		batches := 0
+		for _, page := range relay {
+			batches += strings.Count(string(page), "grid_provider_config_generation{")
+			if len(page) > MaxBodyBytes {
+				t.Errorf("%d sites: a relay page of %d bytes, over its 768 KiB bound", n, len(page))
+			}
+		}
 		operatorHeld := float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc)) / (1 << 20)
 
 		// The gateway reading that relay: five polls' worth in its store
 		// and the snapshot built from them.
 		g := newSiteGateway(n)
 		for range 5 {
-			if res := g.ingest(relay); len(res.Dropped) > 0 {
-				t.Errorf("%d sites: gateway dropped %v of its operator's relay", n, res.Dropped)
+			if dropped := g.ingest(relay); len(dropped) > 0 {
+				t.Errorf("%d sites: gateway dropped %v of its operator's relay", n, dropped)
 			}
 		}
 		snap := g.rebuild()
@@ -206,15 +241,87 @@ func TestGridScaleFootprint(t *testing.T) {
 				measured++
 			}
 		}
-		t.Logf("%3d sites × %d providers: relay %7d bytes (%d of %d peer providers' batches), operator holds %5.1f MiB; gateway holds %5.1f MiB, %d of %d candidates measured",
-			n, providersPerSite, len(relay), batches, (n-1)*providersPerSite, operatorHeld, gatewayHeld, measured, len(snap.Candidates))
-		if len(relay) > 768<<10 {
-			t.Errorf("relay of %d bytes over its 768 KiB bound", len(relay))
+		t.Logf("%3d sites × %d providers: relay %7d bytes in %d pages (%d peer providers' batches), operator holds %5.1f MiB; gateway holds %5.1f MiB, %d of %d candidates measured",
+			n, providersPerSite, size(relay), len(relay), batches, operatorHeld, gatewayHeld, measured, len(snap.Candidates))
+		if want := (n - 1) * providersPerSite; batches != want {
+			t.Errorf("%d sites: the relay carried %d peer batches, want every one of %d", n, batches, want)
 		}
 		if measured != batches {
 			t.Errorf("%d sites: gateway measured %d candidates, the relay carried %d batches", n, measured, batches)
 		}
 		runtime.KeepAlive(s)
 		runtime.KeepAlive(g)
+	}
+}
+
+// TestRelayPages: at 100 sites the relay is past one answer's cap, so the
+// site's gateway reads it in pages, each under the cap and made of whole
+// batches, together carrying every peer provider once. A peer caller is
+// never paged, and a cursor that is not one is refused.
+func TestRelayPages(t *testing.T) {
+	s := newScaledOperator(t, 100)
+	h := s.op.SignalsHandler()
+	own, err := s.op.id.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := idSource(t, pki(t, "s01"), "s01").GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(leaf *x509.Certificate, query string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, SignalsPath+query, nil)
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	seen := map[string]int{}
+	pages := 0
+	for query := ""; ; pages++ {
+		rec := get(own.Certificates[0], query)
+		if rec.Code != http.StatusOK || rec.Body.Len() > MaxBodyBytes {
+			t.Fatalf("page %d: %d, %d bytes", pages, rec.Code, rec.Body.Len())
+		}
+		rows := map[string]int{}
+		drops, err := signals.Parse(rec.Body.Bytes(), func(st *signals.Stamped) {
+			site, _ := st.Label(signals.LabelSite)
+			prov, _ := st.Label(signals.LabelProvider)
+			rows[site+"/"+prov]++
+		})
+		if err != nil || drops != 0 {
+			t.Fatalf("page %d: %v, %d lines unparsed", pages, err, drops)
+		}
+		for target, n := range rows {
+			if n != 11 { // 10 rows and the batch line: whole batches only
+				t.Errorf("page %d carries %d rows of %s", pages, n, target)
+			}
+			seen[target]++
+		}
+		next := rec.Header().Get(RelayNextHeader)
+		if next == "" {
+			break
+		}
+		query = "?after=" + url.QueryEscape(next)
+	}
+	if pages < 2 || len(seen) != 99*providersPerSite {
+		t.Errorf("%d pages carried %d targets, want every one of %d", pages+1, len(seen), 99*providersPerSite)
+	}
+	for target, n := range seen {
+		if n != 1 {
+			t.Errorf("%s carried %d times", target, n)
+		}
+	}
+	if v := testutil.ToFloat64(s.op.m.peers.truncated.WithLabelValues(storePeers, "target")); v != 0 {
+		t.Errorf("paging counted %v truncated targets", v)
+	}
+
+	if rec := get(peer.Certificates[0], "?after=peers:s50/pool-00"); rec.Code != http.StatusOK || rec.Header().Get(RelayNextHeader) != "" {
+		t.Errorf("peer caller: %d, next %q", rec.Code, rec.Header().Get(RelayNextHeader))
+	}
+	for _, bad := range []string{"s50/pool-00", "nowhere:x", "peers:"} {
+		if rec := get(own.Certificates[0], "?after="+url.QueryEscape(bad)); rec.Code != http.StatusBadRequest {
+			t.Errorf("after=%q: %d, want 400", bad, rec.Code)
+		}
 	}
 }

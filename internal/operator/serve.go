@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grid-inference/grid/internal/config"
@@ -56,18 +57,38 @@ func (o *Operator) SignalsHandler() http.Handler {
 		// One clock reading for the Date header and every stamp, so that
 		// Date minus stamp is an age free of any clock offset.
 		now := o.clk.Now()
-		var b answer
-		o.render(&b, "site", o.site.Current(now), now, sel)
-		if local {
-			o.render(&b, "peers", o.peerStore.Current(now), now, sel)
+		var after cursor
+		if a := q.Get("after"); local && a != "" {
+			// Only the site's own gateway pages: a peer reads this site's
+			// rows, which stay far below the cap.
+			var ok bool
+			if after, ok = parseCursor(a); !ok {
+				http.Error(w, "signals: after must be a cursor from "+RelayNextHeader, http.StatusBadRequest)
+				return
+			}
 		}
+		b := o.signalsAnswer(now, sel, local, after)
 		h := w.Header()
 		h.Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		h.Set("Date", now.UTC().Format(http.TimeFormat))
 		h.Set("Age", strconv.FormatInt(b.ageSeconds(now), 10))
 		h.Set("Cache-Control", "no-store")
+		if b.next != (cursor{}) {
+			h.Set(RelayNextHeader, b.next.String())
+		}
 		w.Write(b.body)
 	})
+}
+
+// signalsAnswer renders one answer at now: this site's rows and, for the
+// Local caller, the peers' rows, from after on (the relay's next page).
+func (o *Operator) signalsAnswer(now time.Time, sel selection, local bool, after cursor) answer {
+	b := answer{paged: local, after: after}
+	o.render(&b, storeSite, o.site.Current(now), now, sel)
+	if local {
+		o.render(&b, storePeers, o.peerStore.Current(now), now, sel)
+	}
+	return b
 }
 
 func (o *Operator) isPeer(site string) bool {
@@ -85,11 +106,55 @@ func (s selection) wants(name string) bool {
 	return len(s.collect) == 0 || slices.Contains(s.collect, name)
 }
 
+// RelayNextHeader, on an answer to the Local caller that the body cap cut,
+// carries the cursor to pass back as ?after= for the rest of the relay.
+const RelayNextHeader = "X-Grid-Relay-Next"
+
+// The relay's two stores, in the order an answer carries them.
+const (
+	storeSite  = "site"
+	storePeers = "peers"
+)
+
+// cursor is a position in the relay: a store and a target in it. Answers
+// carry targets in (store, target) order, so "after" stays meaningful while
+// targets expire or arrive between two pages.
+type cursor struct{ store, target string }
+
+func (c cursor) String() string { return c.store + ":" + c.target }
+
+// covers reports whether the target of store comes at or before c, so
+// was on an earlier page.
+func (c cursor) covers(store, target string) bool {
+	if c.store == "" {
+		return false
+	}
+	if c.store != store {
+		return c.store == storePeers // every site target precedes the peers
+	}
+	return target <= c.target
+}
+
+func parseCursor(s string) (cursor, bool) {
+	store, target, ok := strings.Cut(s, ":")
+	if !ok || (store != storeSite && store != storePeers) || target == "" {
+		return cursor{}, false
+	}
+	return cursor{store, target}, true
+}
+
 // answer accumulates a signals body.
 type answer struct {
 	body   []byte
 	oldest int64 // the smallest stamp emitted, ms; 0 when nothing was
 	full   bool  // the body cap was reached: later targets are dropped
+	// paged answers (the Local caller's) defer what the cap cuts to the
+	// next page instead of dropping it: after is where this page starts,
+	// next where the following one does.
+	paged bool
+	after cursor
+	last  cursor
+	next  cursor
 }
 
 func (a *answer) ageSeconds(now time.Time) int64 {
@@ -101,13 +166,20 @@ func (a *answer) ageSeconds(now time.Time) int64 {
 
 // render appends the contract rows of entries, target by target: a target
 // of more than 4096 lines is dropped whole, and once the next target would
-// take the body to 768 KiB it and every later one are dropped, so a
-// receiver always sees whole batches. Drops are counted.
+// take the body to 768 KiB it and every later one are cut, so a receiver
+// always sees whole batches. For the Local caller a cut is a page break:
+// the answer names where the next page starts. Otherwise cut targets are
+// dropped; drops are counted.
 func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Time, sel selection) {
 	var target []byte
 	for _, e := range entries {
+		if a.after.covers(store, e.Target) {
+			continue // on an earlier page
+		}
 		if a.full {
-			o.m.peers.truncated.WithLabelValues(store, "target").Inc()
+			if !a.paged {
+				o.m.peers.truncated.WithLabelValues(store, "target").Inc()
+			}
 			continue
 		}
 		target = target[:0]
@@ -134,11 +206,17 @@ func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Ti
 			continue
 		}
 		if len(a.body)+len(target) >= MaxBodyBytes {
-			a.full = true
+			if a.paged && len(a.body) > 0 {
+				a.full, a.next = true, a.last // the rest on the next page
+				continue
+			}
+			// Alone past the cap: no page can carry it.
 			o.m.peers.truncated.WithLabelValues(store, "target").Inc()
+			a.full = !a.paged
 			continue
 		}
 		a.body = append(a.body, target...)
+		a.last = cursor{store, e.Target}
 		if a.oldest == 0 || stamp < a.oldest {
 			a.oldest = stamp
 		}
