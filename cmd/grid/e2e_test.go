@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -48,15 +49,32 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freePort returns a loopback address nobody listens on.
+// portCursor walks the ports freePort hands out: from a per-process start
+// in 20000–29999, below Linux's ephemeral range (32768 and up), so that no
+// outgoing connection of any process takes a port between freePort's check
+// and the child process binding it, and no port is handed out twice.
+var portCursor atomic.Int32
+
+func init() { portCursor.Store(int32(20000 + os.Getpid()%800*10)) }
+
+// freePort returns a loopback address nobody listens on, for a child
+// process to bind.
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := portCursor.Add(1)
+		if port >= 30000 {
+			portCursor.CompareAndSwap(port, 20000)
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free loopback port in 20000–29999")
+	return ""
 }
 
 // process is a grid subcommand running for the test.
