@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -80,20 +84,7 @@ func runKubeOperator(ctx context.Context, k kubeFlags, drain time.Duration, e *e
 	mgrDone := make(chan error, 1)
 	go func() { mgrDone <- mgr.Start(mgrCtx) }()
 	defer func() { stopMgr(); <-mgrDone }()
-	if !mgr.GetCache().WaitForCacheSync(mgrCtx) {
-		return fmt.Errorf("kubernetes: the cache of namespace %s did not sync", k.namespace)
-	}
-	cfg, err := tr.Wait(mgrCtx, log)
-	if err != nil {
-		return err
-	}
-	// The epoch is reserved through the API server directly, not the cache:
-	// compare-and-swap needs the stored resourceVersion.
-	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return fmt.Errorf("kubernetes: %w", err)
-	}
-	epoch, err := kube.ReserveEpoch(mgrCtx, direct, k.namespace, cfg.Site, time.Now().UnixMilli())
+	cfg, epoch, err := awaitSite(mgrCtx, mgr, restCfg, scheme, tr, k, log)
 	if err != nil {
 		return err
 	}
@@ -108,4 +99,39 @@ func runKubeOperator(ctx context.Context, k kubeFlags, drain time.Duration, e *e
 		statuses := &kube.StatusWriter{Client: mgr.GetClient(), Namespace: k.namespace, Verdicts: op.Verdicts, Timeout: statusTimeout, Now: time.Now}
 		statuses.Run(ctx, cfg.ScrapeInterval.D(), log)
 	})
+}
+
+// awaitSite waits until the namespace declares a site this operator can
+// run, and reserves its publisher epoch. Meanwhile the metrics listener
+// answers the kubelet's probes (kube.Startup): alive, not ready, and why.
+func awaitSite(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, scheme *runtime.Scheme, tr *kube.Translator, k kubeFlags, log *slog.Logger) (*config.Operator, int64, error) {
+	startup := &kube.Startup{}
+	ln, err := net.Listen("tcp", k.metricsListen)
+	if err != nil {
+		return nil, 0, fmt.Errorf("metrics listener: %w", err)
+	}
+	probes := &http.Server{Handler: startup.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go probes.Serve(ln)
+	// Closed before the operator opens the same address for its own.
+	defer probes.Close()
+
+	startup.Set("the cache of namespace " + k.namespace + " is syncing")
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		return nil, 0, fmt.Errorf("kubernetes: the cache of namespace %s did not sync", k.namespace)
+	}
+	cfg, err := tr.Wait(ctx, log, startup)
+	if err != nil {
+		return nil, 0, err
+	}
+	// The epoch is reserved through the API server directly, not the cache:
+	// compare-and-swap needs the stored resourceVersion.
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, 0, fmt.Errorf("kubernetes: %w", err)
+	}
+	epoch, err := kube.ReserveEpoch(ctx, direct, k.namespace, cfg.Site, time.Now().UnixMilli())
+	if err != nil {
+		return nil, 0, err
+	}
+	return cfg, epoch, nil
 }

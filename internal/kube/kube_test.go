@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -277,5 +279,53 @@ func TestStatusWriteIsBounded(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("pass took %v", d)
+	}
+}
+
+// TestStartupProbesWhileWaiting: while the namespace has no GridNetwork the
+// operator is alive and not ready, and its readiness says why; once the
+// resources exist, Wait returns their configuration.
+func TestStartupProbesWhileWaiting(t *testing.T) {
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).Build()
+	startup := &Startup{}
+	probe := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		startup.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := probe("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Errorf("before waiting: %d %q", code, body)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := translator(t, c).Wait(t.Context(), slog.New(slog.DiscardHandler), startup)
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := probe("/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "no GridNetwork") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz while waiting: %d %q", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, _ := probe("/healthz"); code != http.StatusOK {
+		t.Errorf("healthz while waiting: %d, want 200 (a restart would not help)", code)
+	}
+	for _, o := range namespace() {
+		if err := c.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Wait did not return once the resources existed")
 	}
 }

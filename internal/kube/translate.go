@@ -130,7 +130,8 @@ func (t *Translator) Config(ctx context.Context) (*config.Operator, error) {
 
 // Wait reads the namespace until it declares a grid whose configuration
 // translates, retrying every five seconds, and returns that configuration.
-func (t *Translator) Wait(ctx context.Context, log *slog.Logger) (*config.Operator, error) {
+// Each refusal is logged and, when startup is set, shown on its probes.
+func (t *Translator) Wait(ctx context.Context, log *slog.Logger, startup *Startup) (*config.Operator, error) {
 	for {
 		cfg, err := t.Config(ctx)
 		if err == nil {
@@ -141,6 +142,7 @@ func (t *Translator) Wait(ctx context.Context, log *slog.Logger) (*config.Operat
 		} else {
 			log.Warn("the namespace's configuration does not translate yet", "err", err)
 		}
+		startup.Set(err.Error())
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
