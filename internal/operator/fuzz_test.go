@@ -54,6 +54,12 @@ func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 // scraping nor serving: for tests that drive its ingest directly.
 func newPeeringOperator(tb testing.TB, site string, peers ...string) *Operator {
 	tb.Helper()
+	return newPeeringOperatorOn(tb, clock.Real{}, site, peers...)
+}
+
+// newPeeringOperatorOn is newPeeringOperator on the clock clk.
+func newPeeringOperatorOn(tb testing.TB, clk clock.Clock, site string, peers ...string) *Operator {
+	tb.Helper()
 	dir := pki(tb, site)
 	c := &config.Operator{Site: site, StateDir: tb.TempDir(), TLS: tlsFiles(dir, site)}
 	for _, p := range peers {
@@ -64,7 +70,7 @@ func newPeeringOperator(tb testing.TB, site string, peers ...string) *Operator {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(tb, dir, site)})
+	op, err := New(cfg, state, Options{Clock: clk, Identity: idSource(tb, dir, site)})
 	if err != nil {
 		tb.Fatal(err)
 	}

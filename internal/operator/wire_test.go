@@ -1,0 +1,68 @@
+package operator
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// TestLocalReadIsTheReferenceExample renders the worked example of
+// reference §2.1 (a Local read on site hub: one local provider, one relayed
+// peer provider) and compares it, headers and body, with the example as the
+// reference prints it (testdata/reference-local-read.txt).
+func TestLocalReadIsTheReferenceExample(t *testing.T) {
+	want, err := os.ReadFile("testdata/reference-local-read.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, _ := strings.Cut(string(want), "\n\n")
+	clk := clock.NewFake(time.UnixMilli(1787220007300))
+	op := newPeeringOperatorOn(t, clk, "hub", "east")
+
+	// The example's rows, stored as the scrape and the peer poll store them:
+	// collected at their stamps.
+	entries := map[string]*Entry{}
+	var order []string
+	if _, err := signals.Parse([]byte(body), func(st *signals.Stamped) {
+		site, _ := st.Label(signals.LabelSite)
+		prov, _ := st.Label(signals.LabelProvider)
+		target := site + "/" + prov
+		e := entries[target]
+		if e == nil {
+			e = &Entry{Target: target, CollectedAt: time.UnixMilli(st.StampMs), ExpiresAt: time.UnixMilli(st.StampMs).Add(time.Minute)}
+			entries[target] = e
+			order = append(order, target)
+		}
+		e.Rows = append(e.Rows, st.Row)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(order) != 2 {
+		t.Fatalf("the example holds %v", order)
+	}
+	op.SiteStore().PutEntry(entries["hub/pool-a"])
+	op.PeerStore().PutEntry(entries["east/pool-b"])
+
+	own, err := op.id.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, SignalsPath, nil)
+	r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+	rec := httptest.NewRecorder()
+	op.SignalsHandler().ServeHTTP(rec, r)
+	got := fmt.Sprintf("HTTP/1.1 %d %s\ncontent-type: %s\nage: %s\ndate: %s\n\n%s",
+		rec.Code, http.StatusText(rec.Code), rec.Header().Get("Content-Type"), rec.Header().Get("Age"), rec.Header().Get("Date"), rec.Body.String())
+	if got != string(want) {
+		t.Errorf("Local read:\n%s\nwant (reference §2.1):\n%s", got, want)
+	}
+}
