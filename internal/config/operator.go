@@ -77,6 +77,9 @@ type PeerPoll struct {
 	Concurrency int `yaml:"concurrency"`
 	// TTL is how long a peer's rows are kept after they were polled.
 	TTL Duration `yaml:"ttl"`
+	// Slow is the poll duration, retries included, from which a poll
+	// counts in grid_peer_poll_slow_total.
+	Slow Duration `yaml:"slow"`
 }
 
 // Peer is another site of the grid.
@@ -209,6 +212,7 @@ const (
 	DefaultPeerBudget        = 10 * time.Second
 	DefaultPeerConcurrency   = 8
 	DefaultPeerTTL           = 120 * time.Second
+	DefaultPeerSlow          = time.Second
 	DefaultMetricsPath       = "/metrics"
 	DefaultMembershipBind    = "0.0.0.0:7946"
 	DefaultScrapeTimeout     = 2 * time.Second
@@ -229,6 +233,7 @@ func (c *Operator) applyDefaults() {
 	setDuration(&c.PeerPoll.Budget, DefaultPeerBudget)
 	setInt(&c.PeerPoll.Concurrency, DefaultPeerConcurrency)
 	setDuration(&c.PeerPoll.TTL, DefaultPeerTTL)
+	setDuration(&c.PeerPoll.Slow, DefaultPeerSlow)
 	if m := c.Membership; m != nil {
 		setString(&m.Bind, DefaultMembershipBind)
 		setString(&m.Profile, "lan")

@@ -156,6 +156,7 @@ func (c *Operator) validate(doc *document) error {
 	p.positive("peerPoll.budget", c.PeerPoll.Budget)
 	p.atLeast("peerPoll.concurrency", c.PeerPoll.Concurrency, 1)
 	p.positive("peerPoll.ttl", c.PeerPoll.TTL)
+	p.positive("peerPoll.slow", c.PeerPoll.Slow)
 	if c.StateDir == "" {
 		p.addf("stateDir", "required")
 	}

@@ -554,6 +554,14 @@ func TestHungPeerDoesNotHoldOthers(t *testing.T) {
 	if v := counterValue(t, east.op, "grid_peer_poll_retries_total", "peer", "south", "reason", OutcomeTimeout); v < 1 {
 		t.Errorf("south retries %v", v)
 	}
+	// Past peerPoll.slow (1 s): the hung peer's poll counts as slow, the
+	// good one's does not.
+	if v := counterValue(t, east.op, "grid_peer_poll_slow_total", "peer", "south"); v != 1 {
+		t.Errorf("south slow polls %v, want 1", v)
+	}
+	if v := counterValue(t, east.op, "grid_peer_poll_slow_total", "peer", "west"); v > 0 {
+		t.Errorf("west slow polls %v, want none", v)
+	}
 }
 
 // TestRestartedPeerIsAccepted: an operator restarted with its state keeps

@@ -11,6 +11,7 @@ type peerMetrics struct {
 	polls        *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
 	retries      *prometheus.CounterVec
+	slow         *prometheus.CounterVec
 	inFlight     prometheus.Gauge
 	bytes        *prometheus.CounterVec
 	up           *prometheus.GaugeVec
@@ -30,6 +31,8 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"peer"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grid_peer_poll_retries_total", Help: "Peer poll retries by the outcome that prompted them."}, []string{"peer", "reason"}),
+		slow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grid_peer_poll_slow_total", Help: "Peer polls that took peerPoll.slow or longer, retries included."}, []string{"peer"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "grid_peer_polls_in_flight", Help: "Peer polls running now."}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -55,7 +58,7 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			m.truncated.WithLabelValues(store, cut)
 		}
 	}
-	reg.MustRegister(m.polls, m.duration, m.retries, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.truncated)
+	reg.MustRegister(m.polls, m.duration, m.retries, m.slow, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.truncated)
 	return m
 }
 

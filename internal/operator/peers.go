@@ -217,6 +217,9 @@ func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState) {
 	elapsed := o.clk.Now().Sub(start)
 	o.m.peers.polls.WithLabelValues(site, outcome).Inc()
 	o.m.peers.duration.WithLabelValues(site).Observe(elapsed.Seconds())
+	if elapsed >= cfg.Slow.D() {
+		o.m.peers.slow.WithLabelValues(site).Inc()
+	}
 	if outcome == OutcomeCancelled {
 		return
 	}
