@@ -267,3 +267,4 @@ func TestDiscoveredPeersJoinTheConfigured(t *testing.T) {
 		t.Errorf("after the member left, polling %v", p)
 	}
 }
+

@@ -55,6 +55,10 @@ type Operator struct {
 	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	// discovered are the peers gossip found (SetDiscovered).
 	discovered atomic.Pointer[[]config.Peer]
+	// pollSetMu serialises reading the poll set and handing it to the
+	// poller, so a reload and a gossip update racing each other cannot
+	// leave the poller with the older of the two.
+	pollSetMu sync.Mutex
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
@@ -344,10 +348,18 @@ func (o *Operator) Reload(next *config.Operator) error {
 	}
 	o.memo.Clear()
 	o.cfg.Store(next)
-	if o.poller != nil {
-		o.poller.configure(o.peers())
-	}
+	o.configurePollSet()
 	return nil
+}
+
+// configurePollSet hands the poller the current poll set.
+func (o *Operator) configurePollSet() {
+	if o.poller == nil {
+		return
+	}
+	o.pollSetMu.Lock()
+	defer o.pollSetMu.Unlock()
+	o.poller.configure(o.peers())
 }
 
 // SetDiscovered replaces the peers found through gossip. They are polled,
@@ -357,9 +369,7 @@ func (o *Operator) Reload(next *config.Operator) error {
 func (o *Operator) SetDiscovered(peers []config.Peer) {
 	own := slices.Clone(peers)
 	o.discovered.Store(&own)
-	if o.poller != nil {
-		o.poller.configure(o.peers())
-	}
+	o.configurePollSet()
 }
 
 // peers is the poll set: the configured peers, then those discovered.
