@@ -267,4 +267,3 @@ func TestDiscoveredPeersJoinTheConfigured(t *testing.T) {
 		t.Errorf("after the member left, polling %v", p)
 	}
 }
-
