@@ -129,6 +129,9 @@ func (m *metrics) publish(s *route.Snapshot) {
 	m.shedModels = s.Shedding
 }
 
+// Registry is the gateway's metric registry, for embedding and tests.
+func (g *Gateway) Registry() *prometheus.Registry { return g.m.reg }
+
 // MetricsHandler serves the plain listener: /metrics, /healthz, /readyz.
 func (g *Gateway) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
