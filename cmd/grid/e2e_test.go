@@ -379,8 +379,11 @@ func curlSignals(t *testing.T, certs, addr string) {
 			name = "no certificate"
 		}
 		if !tc.handshakeOK {
-			if err == nil || !strings.Contains(out, "alert") {
-				t.Errorf("curl with %s: want a TLS alert, got %v\n%s", name, err, out)
+			// No HTTP answer at all (curl prints code 000) from the server
+			// that has just answered the cases above. Whether curl reads
+			// the TLS alert or finds the socket already closed is a race.
+			if err == nil || !strings.HasSuffix(strings.TrimSpace(out), "000") {
+				t.Errorf("curl with %s: want a failed handshake, got %v\n%s", name, err, out)
 			}
 			continue
 		}
