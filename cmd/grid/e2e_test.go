@@ -349,8 +349,13 @@ func curlSignals(t *testing.T, certs, addr string) {
 			t.Fatalf("grid %v: %v\n%s", args, err, out)
 		}
 	}
-	url := "https://east.grid.internal:" + addr[strings.LastIndex(addr, ":")+1:] + "/v1/site/signals"
-	resolve := "east.grid.internal:" + addr[strings.LastIndex(addr, ":")+1:] + ":" + addr[:strings.LastIndex(addr, ":")]
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server is named as its certificate names it, resolved to addr.
+	url := "https://east.grid.internal:" + port + "/v1/site/signals"
+	resolve := "east.grid.internal:" + port + ":" + host
 	run := func(dir, site string) (string, error) {
 		args := []string{"-sS", "--max-time", "5", "--cacert", filepath.Join(certs, "ca.crt"), "--resolve", resolve, "-w", "\n%{http_code}"}
 		if site != "" {
