@@ -566,8 +566,16 @@ func idleSplit(t *testing.T, policy string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, sim.DefaultModel)
 			for range next {
-				resp, _ := chat(t, east.client, 1, false)
+				// Not chat: a worker goroutine must not end the test.
+				resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
 				mu.Lock()
 				served[resp.Header.Get("X-Grid-Site")]++
 				mu.Unlock()
