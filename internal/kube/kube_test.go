@@ -297,8 +297,9 @@ func TestStartupProbesWhileWaiting(t *testing.T) {
 		t.Errorf("before waiting: %d %q", code, body)
 	}
 	done := make(chan error, 1)
+	tr := translator(t, c)
 	go func() {
-		_, err := translator(t, c).Wait(t.Context(), slog.New(slog.DiscardHandler), startup)
+		_, err := tr.Wait(t.Context(), slog.New(slog.DiscardHandler), startup)
 		done <- err
 	}()
 	deadline := time.Now().Add(5 * time.Second)
