@@ -89,10 +89,11 @@ func (s *scaledOperator) relay() [][]byte {
 	for {
 		a := s.op.signalsAnswer(now, selection{}, true, after)
 		pages = append(pages, a.body)
-		if a.next == (cursor{}) {
+		next, ok := a.nextPage()
+		if !ok {
 			return pages
 		}
-		after = a.next
+		after = next
 	}
 }
 

@@ -73,8 +73,8 @@ func (o *Operator) SignalsHandler() http.Handler {
 		h.Set("Date", now.UTC().Format(http.TimeFormat))
 		h.Set("Age", strconv.FormatInt(b.ageSeconds(now), 10))
 		h.Set("Cache-Control", "no-store")
-		if b.next != (cursor{}) {
-			h.Set(RelayNextHeader, b.next.String())
+		if next, ok := b.nextPage(); ok {
+			h.Set(RelayNextHeader, next.String())
 		}
 		w.Write(b.body)
 	})
@@ -150,11 +150,15 @@ type answer struct {
 	full   bool  // the body cap was reached: later targets are dropped
 	// paged answers (the Local caller's) defer what the cap cuts to the
 	// next page instead of dropping it: after is where this page starts,
-	// next where the following one does.
+	// last the last target it carries.
 	paged bool
 	after cursor
 	last  cursor
-	next  cursor
+}
+
+// nextPage is where the page after a paged answer the cap cut starts.
+func (a *answer) nextPage() (cursor, bool) {
+	return a.last, a.paged && a.full
 }
 
 func (a *answer) ageSeconds(now time.Time) int64 {
@@ -207,7 +211,7 @@ func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Ti
 		}
 		if len(a.body)+len(target) >= MaxBodyBytes {
 			if a.paged && len(a.body) > 0 {
-				a.full, a.next = true, a.last // the rest on the next page
+				a.full = true // the rest on the next page
 				continue
 			}
 			// Alone past the cap: no page can carry it.
