@@ -167,14 +167,24 @@ var client = &http.Client{Timeout: 30 * time.Second}
 
 func chat(t *testing.T, addr string, tokens int, stream bool) (*http.Response, string) {
 	t.Helper()
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, sim.DefaultModel, tokens, stream)
-	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, body, err := postChat(addr, tokens, stream)
 	if err != nil {
 		t.Fatalf("request: %v", err)
 	}
+	return resp, body
+}
+
+// postChat sends a chat completion to the gateway at addr and reads the
+// answer; unlike chat, it may run on any goroutine.
+func postChat(addr string, tokens int, stream bool) (*http.Response, string, error) {
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, sim.DefaultModel, tokens, stream)
+	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return nil, "", err
+	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return resp, string(b), nil
 }
 
 // warm sends requests until both sites have served one (each gateway polls
@@ -566,16 +576,12 @@ func idleSplit(t *testing.T, policy string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`, sim.DefaultModel)
 			for range next {
-				// Not chat: a worker goroutine must not end the test.
-				resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				resp, _, err := postChat(east.client, 1, false)
 				if err != nil {
 					t.Error(err)
 					continue
 				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
 				mu.Lock()
 				served[resp.Header.Get("X-Grid-Site")]++
 				mu.Unlock()
