@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/textparse"
 
-	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
 var wanted = []string{
@@ -27,9 +27,9 @@ var wanted = []string{
 	"llm_d_epp_flow_control_queue_size",
 }
 
-// page is the same generator as internal/expo's benchmark page.
+// page is the same generator as internal/signals/expo's benchmark page.
 func page(tb testing.TB) []byte {
-	fixture, err := os.ReadFile("../../internal/expo/testdata/epp-metrics.txt")
+	fixture, err := os.ReadFile("../../internal/signals/expo/testdata/epp-metrics.txt")
 	if err != nil {
 		tb.Fatal(err)
 	}

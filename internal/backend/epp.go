@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/signals/expo"
 	"github.com/grid-inference/grid/internal/latency"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 const validOperator = `
@@ -206,7 +208,7 @@ func FuzzParseOperator(f *testing.F) {
 	f.Add([]byte("{{{"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseOperator("fuzz.yaml", data)
-		if err == nil && !IsDNS1123Label(c.Site) {
+		if err == nil && !signals.IsDNS1123Label(c.Site) {
 			t.Fatalf("accepted invalid site %q", c.Site)
 		}
 	})
@@ -221,7 +223,7 @@ func FuzzParseGateway(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !IsDNS1123Label(c.Site) || c.TLS == nil || c.PollInterval <= 0 || *c.Availability.Smoothing <= 0 || *c.Availability.Smoothing > 1 {
+		if !signals.IsDNS1123Label(c.Site) || c.TLS == nil || c.PollInterval <= 0 || *c.Availability.Smoothing <= 0 || *c.Availability.Smoothing > 1 {
 			t.Fatalf("accepted an invalid configuration: %+v", c)
 		}
 	})

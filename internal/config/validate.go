@@ -11,16 +11,12 @@ import (
 	"strings"
 
 	"github.com/grid-inference/grid/internal/peeraddr"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 var (
-	dns1123Label = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	trustDomain  = regexp.MustCompile(`^[a-z0-9._-]+$`)
+	trustDomain = regexp.MustCompile(`^[a-z0-9._-]+$`)
 )
-
-// IsDNS1123Label reports whether s is a DNS-1123 label: 1 to 63 characters of
-// [a-z0-9-], starting and ending with an alphanumeric.
-func IsDNS1123Label(s string) bool { return dns1123Label.MatchString(s) }
 
 // problems collects validation errors, each tied to the line of its key.
 type problems struct {
@@ -38,7 +34,7 @@ func (p *problems) label(path, v string) {
 	switch {
 	case v == "":
 		p.addf(path, "required")
-	case !IsDNS1123Label(v):
+	case !signals.IsDNS1123Label(v):
 		p.addf(path, "%q is not a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit)", v)
 	}
 }

@@ -28,15 +28,13 @@ import (
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/loadstore"
-	"github.com/grid-inference/grid/internal/operator"
 	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
 // Bounds of the operator exchange.
 const (
-	signalsBodyCap = 1 << 20
-	pollTimeout    = 2 * time.Second
+	pollTimeout = 2 * time.Second
 	// maxRelayPages bounds the pages of one poll cycle: the store's key
 	// cap fits in well under it.
 	maxRelayPages = 16
@@ -64,7 +62,7 @@ type Gateway struct {
 	m        *metrics
 
 	opClient *http.Client
-	serving  atomic.Pointer[operator.Serving]
+	serving  atomic.Pointer[signals.Serving]
 	// local is the hop view: this site's own candidates only.
 	local atomic.Pointer[route.Snapshot]
 
@@ -156,7 +154,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 
 // settings turns the configuration and the operator's serving document
 // into route settings.
-func settings(cfg *config.Gateway, serving *operator.Serving) route.Settings {
+func settings(cfg *config.Gateway, serving *signals.Serving) route.Settings {
 	a := cfg.Availability
 	s := route.Settings{
 		Shedding: a.Shedding, Smoothing: *a.Smoothing, CeilingHalfLifeMs: float64(*a.CeilingHalfLifeMs),
@@ -248,11 +246,11 @@ func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
 func (g *Gateway) Poll(ctx context.Context) {
 	cfg := g.cfg.Load()
 	base := strings.TrimRight(cfg.Operator.Signals, "/")
-	first, err := g.fetch(ctx, base+operator.SignalsPath)
+	first, err := g.fetch(ctx, base+signals.SignalsPath)
 	if err == nil {
 		var doc fetched
-		if doc, err = g.fetch(ctx, base+operator.ServingPath); err == nil {
-			var s operator.Serving
+		if doc, err = g.fetch(ctx, base+signals.ServingPath); err == nil {
+			var s signals.Serving
 			if err = json.Unmarshal(doc.body, &s); err != nil {
 				err = &pollError{"encoding", err}
 			} else if s.Site != cfg.Site {
@@ -285,7 +283,7 @@ func (g *Gateway) Poll(ctx context.Context) {
 			break
 		}
 		var page fetched
-		if page, err = g.fetch(ctx, base+operator.SignalsPath+"?after="+url.QueryEscape(next)); err == nil {
+		if page, err = g.fetch(ctx, base+signals.SignalsPath+"?"+signals.AfterParam+"="+url.QueryEscape(next)); err == nil {
 			skew += g.ingest(page, cfg.Site)
 			size += len(page.body)
 			next = page.next
@@ -373,17 +371,17 @@ func (g *Gateway) fetch(ctx context.Context, url string) (fetched, error) {
 		return fetched{}, &pollError{"unreachable", fmt.Errorf("HTTP %d", resp.StatusCode)}
 	}
 	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signalsBodyCap+1)); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signals.MaxAnswerBytes+1)); err != nil {
 		return fetched{}, &pollError{"unreachable", err}
 	}
-	if buf.Len() > signalsBodyCap {
+	if buf.Len() > signals.MaxAnswerBytes {
 		return fetched{}, &pollError{"too_large", errors.New("answer exceeds 1 MiB")}
 	}
 	date, err := http.ParseTime(resp.Header.Get("Date"))
 	if err != nil {
 		return fetched{}, &pollError{"no_date", err}
 	}
-	return fetched{body: buf.Bytes(), date: date, next: resp.Header.Get(operator.RelayNextHeader)}, nil
+	return fetched{body: buf.Bytes(), date: date, next: resp.Header.Get(signals.RelayNextHeader)}, nil
 }
 
 // topology is the candidate list: this site's providers from its operator's

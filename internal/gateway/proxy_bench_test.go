@@ -19,7 +19,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
-	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -27,7 +27,7 @@ import (
 // installed without an operator.
 func benchGateway(tb testing.TB, upstream string) *Gateway {
 	g, _ := newTestGateway(tb, "https://127.0.0.1:1")
-	g.serving.Store(&operator.Serving{Site: "east", Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: upstream}}})
+	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: upstream}}})
 	g.refresh()
 	g.firstOnce.Do(func() { close(g.first) })
 	return g

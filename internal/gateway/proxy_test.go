@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -59,7 +59,7 @@ func TestRetryOnRefusedConnection(t *testing.T) {
 	l.Close()
 	g := benchGateway(t, good.URL)
 	defer g.Close()
-	g.serving.Store(&operator.Serving{Site: "east", Providers: []operator.ServingProvider{
+	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{
 		{Name: "dead", Model: sim.DefaultModel, Upstream: dead},
 		{Name: "good", Model: sim.DefaultModel, Upstream: good.URL},
 	}})

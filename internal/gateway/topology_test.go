@@ -18,8 +18,8 @@ import (
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/loadstore"
-	"github.com/grid-inference/grid/internal/operator"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -29,10 +29,10 @@ import (
 // route, whatever its rows say.
 func TestTopologyTakesUpstreamsFromLocalConfig(t *testing.T) {
 	g := benchGateway(t, "http://127.0.0.1:9")
-	g.serving.Store(&operator.Serving{
+	g.serving.Store(&signals.Serving{
 		Site:      "east",
-		Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
-		Peers:     []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}, {Site: "north"}},
+		Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers:     []signals.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}, {Site: "north"}},
 	})
 	const now = 1_000_000
 	var body string
@@ -63,10 +63,10 @@ func TestTopologyTakesUpstreamsFromLocalConfig(t *testing.T) {
 func TestHopRoutesLocallyOnly(t *testing.T) {
 	g := benchGateway(t, "http://127.0.0.1:9")
 	defer g.Close()
-	g.serving.Store(&operator.Serving{
+	g.serving.Store(&signals.Serving{
 		Site:      "east",
-		Providers: []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
-		Peers:     []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
+		Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers:     []signals.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
 	})
 	const now = 1_000_000
 	g.store.Ingest([]byte(fmt.Sprintf("grid_provider_info{grid_provider=\"p\",grid_site=\"west\",model=%q} 1 %d\n", sim.DefaultModel, now)), now, now, now, "east", true)
@@ -94,10 +94,10 @@ func TestRemovedRemoteProviderIsForgotten(t *testing.T) {
 	defer g.Close()
 	clk := clock.NewFake(time.UnixMilli(1_000_000))
 	g.timeline = loadstore.NewTimeline(clk)
-	g.serving.Store(&operator.Serving{
+	g.serving.Store(&signals.Serving{
 		Site:         "east",
-		Providers:    []operator.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
-		Peers:        []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
+		Providers:    []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers:        []signals.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
 		LoadWindowMs: 13_000,
 	})
 	info := func(provider string) []byte {
@@ -155,11 +155,11 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Date", now.UTC().Format(http.TimeFormat))
-		if r.URL.Path == operator.ServingPath {
-			json.NewEncoder(w).Encode(operator.Serving{Site: "east", Peers: []operator.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}}, LoadWindowMs: 13_000})
+		if r.URL.Path == signals.ServingPath {
+			json.NewEncoder(w).Encode(signals.Serving{Site: "east", Peers: []signals.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}}, LoadWindowMs: 13_000})
 			return
 		}
-		if r.URL.Path != operator.SignalsPath {
+		if r.URL.Path != signals.SignalsPath {
 			http.NotFound(w, r) // the rejection reports: not this test's concern
 			return
 		}
@@ -169,7 +169,7 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 		mu.Unlock()
 		switch after {
 		case "":
-			w.Header().Set(operator.RelayNextHeader, "peers:west/a")
+			w.Header().Set(signals.RelayNextHeader, "peers:west/a")
 			io.WriteString(w, info("a"))
 		case "peers:west/a":
 			if failSecond.Load() {

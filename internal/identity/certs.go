@@ -19,9 +19,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-
-	"github.com/grid-inference/grid/internal/config"
 )
 
 // Validity of what Init and Issue create (reference §3.1).
@@ -37,7 +36,7 @@ func SiteID(trustDomain, site string) (spiffeid.ID, error) {
 	if err != nil {
 		return spiffeid.ID{}, fmt.Errorf("trust domain %q: %w", trustDomain, err)
 	}
-	if !config.IsDNS1123Label(site) {
+	if !signals.IsDNS1123Label(site) {
 		return spiffeid.ID{}, fmt.Errorf("site name %q is not a DNS-1123 label", site)
 	}
 	return spiffeid.FromSegments(td, "site", site)
@@ -56,7 +55,7 @@ func SiteOf(id spiffeid.ID, td spiffeid.TrustDomain) (string, error) {
 			site = name
 		}
 	}
-	if !config.IsDNS1123Label(site) {
+	if !signals.IsDNS1123Label(site) {
 		return "", fmt.Errorf("%s does not name a site (spiffe://%s/site/<name>)", id, td)
 	}
 	return site, nil
@@ -114,7 +113,7 @@ func Init(dir, trustDomain string, now time.Time) error {
 // with exactly one URI SAN, spiffe://<td>/site/<site>, and the DNS SAN
 // <site>.<td> plus any extra names. The trust domain is the CA's.
 func Issue(dir, site string, extraDNS []string, now time.Time) error {
-	if !config.IsDNS1123Label(site) {
+	if !signals.IsDNS1123Label(site) {
 		return fmt.Errorf("site name %q is not a DNS-1123 label (1-63 characters of a-z, 0-9 and '-', alphanumeric at both ends)", site)
 	}
 	ca, caKey, err := loadCA(dir)

@@ -184,19 +184,19 @@ func TestTwoOperatorsSeeEachOther(t *testing.T) {
 
 	eastID, westID, northID := idSource(t, dir, "east"), idSource(t, dir, "west"), idSource(t, dir, "north")
 	// east's own certificate (its gateway): both sites' rows.
-	resp, body, err := get(t, eastID, "east", eastAddr, SignalsPath)
+	resp, body, err := get(t, eastID, "east", eastAddr, signals.SignalsPath)
 	if err != nil || resp.StatusCode != 200 || !strings.Contains(body, `grid_site="east"`) || !strings.Contains(body, `grid_site="west"`) {
 		t.Fatalf("Local read: %v %v\n%s", err, resp, body)
 	}
 	checkWire(t, resp, body)
 	// west's certificate (a peer): east's rows only.
-	resp, body, err = get(t, westID, "east", eastAddr, SignalsPath)
+	resp, body, err = get(t, westID, "east", eastAddr, signals.SignalsPath)
 	if err != nil || resp.StatusCode != 200 || !strings.Contains(body, `grid_site="east"`) || strings.Contains(body, `grid_site="west"`) {
 		t.Fatalf("Peer read: %v\n%s", err, body)
 	}
 	// A certificate from another CA: the handshake fails.
 	foreign := idSource(t, pki(t, "west"), "west")
-	if _, _, err := get(t, foreign, "east", eastAddr, SignalsPath); err == nil {
+	if _, _, err := get(t, foreign, "east", eastAddr, signals.SignalsPath); err == nil {
 		t.Error("a foreign CA's certificate was served")
 	}
 	// No client certificate: the handshake fails.
@@ -204,26 +204,26 @@ func TestTwoOperatorsSeeEachOther(t *testing.T) {
 	anon = anon.Clone()
 	anon.Certificates, anon.GetClientCertificate = nil, nil
 	nc := &http.Client{Transport: &http.Transport{TLSClientConfig: anon}, Timeout: 3 * time.Second}
-	if r, err := nc.Get("https://" + eastAddr + SignalsPath); err == nil {
+	if r, err := nc.Get("https://" + eastAddr + signals.SignalsPath); err == nil {
 		r.Body.Close()
 		t.Errorf("a client without a certificate was served: %d", r.StatusCode)
 	}
 	nc.CloseIdleConnections()
 	// A valid certificate of a site east does not peer with: 403.
-	resp, body, err = get(t, northID, "east", eastAddr, SignalsPath)
+	resp, body, err = get(t, northID, "east", eastAddr, signals.SignalsPath)
 	if err != nil || resp.StatusCode != 403 || body != refusedBody {
 		t.Errorf("north: %v %v %q", err, resp, body)
 	}
 	// Narrowing: collect[] and target only narrow.
-	_, body, _ = get(t, westID, "east", eastAddr, SignalsPath+"?collect[]=grid_provider_ready")
+	_, body, _ = get(t, westID, "east", eastAddr, signals.SignalsPath+"?collect[]=grid_provider_ready")
 	if strings.Count(body, "\n") != 1 || !strings.HasPrefix(body, "grid_provider_ready{") {
 		t.Errorf("collect[]: %q", body)
 	}
-	_, body, _ = get(t, westID, "east", eastAddr, SignalsPath+"?target=west-pool")
+	_, body, _ = get(t, westID, "east", eastAddr, signals.SignalsPath+"?target=west-pool")
 	if body != "" {
 		t.Errorf("a peer widened its read with target=: %q", body)
 	}
-	_, body, _ = get(t, eastID, "east", eastAddr, SignalsPath+"?target=west-pool")
+	_, body, _ = get(t, eastID, "east", eastAddr, signals.SignalsPath+"?target=west-pool")
 	if !strings.Contains(body, `grid_provider="west-pool"`) || strings.Contains(body, `grid_provider="east-pool"`) {
 		t.Errorf("target=west-pool: %q", body)
 	}
@@ -233,7 +233,7 @@ func TestTwoOperatorsSeeEachOther(t *testing.T) {
 	}
 	conf, _ := eastID.ClientTLS("east")
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
-	r2, err := c.Post("https://"+eastAddr+SignalsPath, "text/plain", nil)
+	r2, err := c.Post("https://"+eastAddr+signals.SignalsPath, "text/plain", nil)
 	if err != nil || r2.StatusCode != 405 {
 		t.Fatalf("POST: %v %v", err, r2)
 	}
@@ -494,7 +494,7 @@ func TestPeerIngestRules(t *testing.T) {
 	})
 	t.Run("body over 1 MiB", func(t *testing.T) {
 		before := len(stored(east.op))
-		fp.serve(now, strings.Repeat("#", PeerBodyCap+10))
+		fp.serve(now, strings.Repeat("#", signals.MaxAnswerBytes+10))
 		poll()
 		if counterValue(t, east.op, "grid_peer_poll_total", "peer", "west", "outcome", OutcomeTransport) != 1 || len(stored(east.op)) != before {
 			t.Error("an oversized answer was not refused as transport, or changed the store")

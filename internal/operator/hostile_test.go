@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // heapWatch samples the live heap until stopped and reports the peak.
@@ -108,7 +110,7 @@ func TestHostilePeerBodiesStayBounded(t *testing.T) {
 		{"distinct providers and names up to the cap", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Date", time.Now().UTC().Format(http.TimeFormat))
 			var b strings.Builder
-			for i := 0; b.Len() < PeerBodyCap-256; i++ {
+			for i := 0; b.Len() < signals.MaxAnswerBytes-256; i++ {
 				fmt.Fprintf(&b, "grid_provider_ready{grid_provider=\"p%d\",grid_site=\"south\",pad=\"%d\"} 1 %d\n", i%5000, i, now)
 			}
 			io.WriteString(w, b.String())

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/signals"
+
 	"github.com/grid-inference/grid/internal/identity"
 )
 
@@ -30,7 +32,7 @@ func client(t *testing.T, from *identity.Source) *http.Client {
 }
 
 func fetch(c *http.Client, addr string) (int, error) {
-	resp, err := c.Get("https://" + addr + SignalsPath)
+	resp, err := c.Get("https://" + addr + signals.SignalsPath)
 	if err != nil {
 		return 0, err
 	}
@@ -214,7 +216,7 @@ func TestOldConnectionClosesGracefully(t *testing.T) {
 	c := client(t, idSource(t, dir, "east"))
 	get := func() (resp *http.Response, reused bool) {
 		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
-		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, "https://"+east.addr+SignalsPath, nil)
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, "https://"+east.addr+signals.SignalsPath, nil)
 		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -257,7 +259,7 @@ func TestSlowHeadersAfterHandshake(t *testing.T) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	start := time.Now()
-	io.WriteString(c, "GET "+SignalsPath+" HTTP/1.1\r\nHost: east\r\nX-Slow: ")
+	io.WriteString(c, "GET "+signals.SignalsPath+" HTTP/1.1\r\nHost: east\r\nX-Slow: ")
 	io.Copy(io.Discard, c)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("a peer that never finished its headers held the connection %v", d)

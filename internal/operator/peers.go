@@ -22,12 +22,6 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// SignalsPath is where an operator serves its signals.
-const SignalsPath = "/v1/site/signals"
-
-// PeerBodyCap bounds a peer's answer.
-const PeerBodyCap = 1 << 20
-
 // Poll outcomes, the `outcome` label of grid_peer_poll_total.
 const (
 	OutcomeOK          = "ok"
@@ -265,7 +259,7 @@ func (pp *peerPoller) attempt(ctx context.Context, ps *peerState) ([]byte, time.
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.D())
 	defer cancel()
-	url := strings.TrimRight(ps.cfg.Signals, "/") + SignalsPath
+	url := strings.TrimRight(ps.cfg.Signals, "/") + signals.SignalsPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, time.Time{}, &pollError{OutcomeConfig, err}
@@ -282,10 +276,10 @@ func (pp *peerPoller) attempt(ctx context.Context, ps *peerState) ([]byte, time.
 		return nil, time.Time{}, &pollError{OutcomeClientError, fmt.Errorf("HTTP %d", resp.StatusCode)}
 	}
 	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, PeerBodyCap+1)); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signals.MaxAnswerBytes+1)); err != nil {
 		return nil, time.Time{}, err
 	}
-	if buf.Len() > PeerBodyCap {
+	if buf.Len() > signals.MaxAnswerBytes {
 		return nil, time.Time{}, &pollError{OutcomeTransport, errors.New("answer exceeds 1 MiB")}
 	}
 	if !utf8.Valid(buf.Bytes()) {

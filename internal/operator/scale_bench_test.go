@@ -85,7 +85,7 @@ func (s *scaledOperator) pollRound() {
 func (s *scaledOperator) relay() [][]byte {
 	now := time.Now()
 	var pages [][]byte
-	var after cursor
+	var after signals.Cursor
 	for {
 		a := s.op.signalsAnswer(now, selection{}, true, after)
 		pages = append(pages, a.body)
@@ -217,7 +217,7 @@ func TestGridScaleFootprint(t *testing.T) {
 		batches := 0
 		for _, page := range relay {
 			batches += strings.Count(string(page), "grid_provider_config_generation{")
-			if len(page) > MaxBodyBytes {
+			if len(page) > signals.RelayBodyBytes {
 				t.Errorf("%d sites: a relay page of %d bytes, over its 768 KiB bound", n, len(page))
 			}
 		}
@@ -271,7 +271,7 @@ func TestRelayPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	get := func(leaf *x509.Certificate, query string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodGet, SignalsPath+query, nil)
+		r := httptest.NewRequest(http.MethodGet, signals.SignalsPath+query, nil)
 		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
@@ -281,7 +281,7 @@ func TestRelayPages(t *testing.T) {
 	pages := 0
 	for query := ""; ; pages++ {
 		rec := get(own.Certificates[0], query)
-		if rec.Code != http.StatusOK || rec.Body.Len() > MaxBodyBytes {
+		if rec.Code != http.StatusOK || rec.Body.Len() > signals.RelayBodyBytes {
 			t.Fatalf("page %d: %d, %d bytes", pages, rec.Code, rec.Body.Len())
 		}
 		rows := map[string]int{}
@@ -299,7 +299,7 @@ func TestRelayPages(t *testing.T) {
 			}
 			seen[target]++
 		}
-		next := rec.Header().Get(RelayNextHeader)
+		next := rec.Header().Get(signals.RelayNextHeader)
 		if next == "" {
 			break
 		}
@@ -313,12 +313,12 @@ func TestRelayPages(t *testing.T) {
 			t.Errorf("%s carried %d times", target, n)
 		}
 	}
-	if v := testutil.ToFloat64(s.op.m.peers.truncated.WithLabelValues(storePeers, "target")); v != 0 {
+	if v := testutil.ToFloat64(s.op.m.peers.truncated.WithLabelValues(string(signals.StorePeers), "target")); v != 0 {
 		t.Errorf("paging counted %v truncated targets", v)
 	}
 
-	if rec := get(peer.Certificates[0], "?after=peers:s50/pool-00"); rec.Code != http.StatusOK || rec.Header().Get(RelayNextHeader) != "" {
-		t.Errorf("peer caller: %d, next %q", rec.Code, rec.Header().Get(RelayNextHeader))
+	if rec := get(peer.Certificates[0], "?after=peers:s50/pool-00"); rec.Code != http.StatusOK || rec.Header().Get(signals.RelayNextHeader) != "" {
+		t.Errorf("peer caller: %d, next %q", rec.Code, rec.Header().Get(signals.RelayNextHeader))
 	}
 	for _, bad := range []string{"s50/pool-00", "nowhere:x", "peers:"} {
 		if rec := get(own.Certificates[0], "?after="+url.QueryEscape(bad)); rec.Code != http.StatusBadRequest {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/signals"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -15,10 +17,10 @@ import (
 func TestServingDocumentIsLocalOnly(t *testing.T) {
 	dir := pki(t, "east", "west")
 	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://127.0.0.1:1")
-	if resp, body, err := get(t, idSource(t, dir, "east"), "east", east.addr, ServingPath); err != nil || resp.StatusCode != 200 {
+	if resp, body, err := get(t, idSource(t, dir, "east"), "east", east.addr, signals.ServingPath); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("Local: %v %v %s", err, resp, body)
 	}
-	if resp, _, err := get(t, idSource(t, dir, "west"), "east", east.addr, ServingPath); err != nil || resp.StatusCode != 403 {
+	if resp, _, err := get(t, idSource(t, dir, "west"), "east", east.addr, signals.ServingPath); err != nil || resp.StatusCode != 403 {
 		t.Errorf("a peer read the serving document: %v %v", err, resp)
 	}
 }

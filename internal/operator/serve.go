@@ -5,20 +5,11 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
-)
-
-// Relay bounds (reference §4.6).
-const (
-	// MaxLinesPerTarget bounds one target's lines in an answer.
-	MaxLinesPerTarget = 4096
-	// MaxBodyBytes is what an answer stays under.
-	MaxBodyBytes = 768 << 10
 )
 
 // refusedBody is the one answer every refused caller gets, whatever the cause.
@@ -30,14 +21,14 @@ const refusedBody = "signals: caller is not permitted to read this site\n"
 func (o *Operator) SignalsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case ServingPath:
+		case signals.ServingPath:
 			o.serveServing(w, r)
 			return
 		case signals.FeedbackPath:
 			o.serveFeedback(w, r)
 			return
 		}
-		if r.URL.Path != SignalsPath {
+		if r.URL.Path != signals.SignalsPath {
 			http.NotFound(w, r)
 			return
 		}
@@ -57,24 +48,24 @@ func (o *Operator) SignalsHandler() http.Handler {
 		// One clock reading for the Date header and every stamp, so that
 		// Date minus stamp is an age free of any clock offset.
 		now := o.clk.Now()
-		var after cursor
-		if a := q.Get("after"); local && a != "" {
+		var after signals.Cursor
+		if a := q.Get(signals.AfterParam); local && a != "" {
 			// Only the site's own gateway pages: a peer reads this site's
 			// rows, which stay far below the cap.
 			var ok bool
-			if after, ok = parseCursor(a); !ok {
-				http.Error(w, "signals: after must be a cursor from "+RelayNextHeader, http.StatusBadRequest)
+			if after, ok = signals.ParseCursor(a); !ok {
+				http.Error(w, "signals: after must be a cursor from "+signals.RelayNextHeader, http.StatusBadRequest)
 				return
 			}
 		}
 		b := o.signalsAnswer(now, sel, local, after)
 		h := w.Header()
-		h.Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		h.Set("Content-Type", signals.ContentType)
 		h.Set("Date", now.UTC().Format(http.TimeFormat))
 		h.Set("Age", strconv.FormatInt(b.ageSeconds(now), 10))
 		h.Set("Cache-Control", "no-store")
 		if next, ok := b.nextPage(); ok {
-			h.Set(RelayNextHeader, next.String())
+			h.Set(signals.RelayNextHeader, next.String())
 		}
 		w.Write(b.body)
 	})
@@ -82,11 +73,11 @@ func (o *Operator) SignalsHandler() http.Handler {
 
 // signalsAnswer renders one answer at now: this site's rows and, for the
 // Local caller, the peers' rows, from after on (the relay's next page).
-func (o *Operator) signalsAnswer(now time.Time, sel selection, local bool, after cursor) answer {
+func (o *Operator) signalsAnswer(now time.Time, sel selection, local bool, after signals.Cursor) answer {
 	b := answer{paged: local, after: after}
-	o.render(&b, storeSite, o.site.Current(now), now, sel)
+	o.render(&b, signals.StoreSite, o.site.Current(now), now, sel)
 	if local {
-		o.render(&b, storePeers, o.peerStore.Current(now), now, sel)
+		o.render(&b, signals.StorePeers, o.peerStore.Current(now), now, sel)
 	}
 	return b
 }
@@ -106,43 +97,6 @@ func (s selection) wants(name string) bool {
 	return len(s.collect) == 0 || slices.Contains(s.collect, name)
 }
 
-// RelayNextHeader, on an answer to the Local caller that the body cap cut,
-// carries the cursor to pass back as ?after= for the rest of the relay.
-const RelayNextHeader = "X-Grid-Relay-Next"
-
-// The relay's two stores, in the order an answer carries them.
-const (
-	storeSite  = "site"
-	storePeers = "peers"
-)
-
-// cursor is a position in the relay: a store and a target in it. Answers
-// carry targets in (store, target) order, so "after" stays meaningful while
-// targets expire or arrive between two pages.
-type cursor struct{ store, target string }
-
-func (c cursor) String() string { return c.store + ":" + c.target }
-
-// covers reports whether the target of store comes at or before c, so
-// was on an earlier page.
-func (c cursor) covers(store, target string) bool {
-	if c.store == "" {
-		return false
-	}
-	if c.store != store {
-		return c.store == storePeers // every site target precedes the peers
-	}
-	return target <= c.target
-}
-
-func parseCursor(s string) (cursor, bool) {
-	store, target, ok := strings.Cut(s, ":")
-	if !ok || (store != storeSite && store != storePeers) || target == "" {
-		return cursor{}, false
-	}
-	return cursor{store, target}, true
-}
-
 // answer accumulates a signals body.
 type answer struct {
 	body   []byte
@@ -152,12 +106,12 @@ type answer struct {
 	// next page instead of dropping it: after is where this page starts,
 	// last the last target it carries.
 	paged bool
-	after cursor
-	last  cursor
+	after signals.Cursor
+	last  signals.Cursor
 }
 
 // nextPage is where the page after a paged answer the cap cut starts.
-func (a *answer) nextPage() (cursor, bool) {
+func (a *answer) nextPage() (signals.Cursor, bool) {
 	return a.last, a.paged && a.full
 }
 
@@ -174,15 +128,15 @@ func (a *answer) ageSeconds(now time.Time) int64 {
 // always sees whole batches. For the Local caller a cut is a page break:
 // the answer names where the next page starts. Otherwise cut targets are
 // dropped; drops are counted.
-func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Time, sel selection) {
+func (o *Operator) render(a *answer, store signals.RelayStore, entries []*Entry, now time.Time, sel selection) {
 	var target []byte
 	for _, e := range entries {
-		if a.after.covers(store, e.Target) {
+		if a.after.Covers(store, e.Target) {
 			continue // on an earlier page
 		}
 		if a.full {
 			if !a.paged {
-				o.m.peers.truncated.WithLabelValues(store, "target").Inc()
+				o.m.peers.truncated.WithLabelValues(string(store), "target").Inc()
 			}
 			continue
 		}
@@ -205,57 +159,26 @@ func (o *Operator) render(a *answer, store string, entries []*Entry, now time.Ti
 		if lines == 0 {
 			continue
 		}
-		if lines > MaxLinesPerTarget {
-			o.m.peers.truncated.WithLabelValues(store, "lines").Inc()
+		if lines > signals.MaxLinesPerTarget {
+			o.m.peers.truncated.WithLabelValues(string(store), "lines").Inc()
 			continue
 		}
-		if len(a.body)+len(target) >= MaxBodyBytes {
+		if len(a.body)+len(target) >= signals.RelayBodyBytes {
 			if a.paged && len(a.body) > 0 {
 				a.full = true // the rest on the next page
 				continue
 			}
 			// Alone past the cap: no page can carry it.
-			o.m.peers.truncated.WithLabelValues(store, "target").Inc()
+			o.m.peers.truncated.WithLabelValues(string(store), "target").Inc()
 			a.full = !a.paged
 			continue
 		}
 		a.body = append(a.body, target...)
-		a.last = cursor{store, e.Target}
+		a.last = signals.Cursor{Store: store, Target: e.Target}
 		if a.oldest == 0 || stamp < a.oldest {
 			a.oldest = stamp
 		}
 	}
-}
-
-// ServingPath is where the operator tells its own gateway what this site
-// serves and where requests go.
-const ServingPath = "/v1/site/serving"
-
-// Serving is the serving document: this site's providers with the models
-// they serve and their upstreams, and each peer site's gateway. Everything
-// in it comes from this operator's configuration, never from a peer: a peer
-// can describe its own load, not redirect traffic.
-type Serving struct {
-	Site string `json:"site"`
-	// LoadWindowMs is how far back the gateway reads load: long enough to
-	// hold the latest reading of every site, peer poll + scrape + poll
-	// timeout + peer poll, as the reference's operator computes it.
-	LoadWindowMs int64             `json:"loadWindowMs"`
-	Providers    []ServingProvider `json:"providers"`
-	Peers        []ServingPeer     `json:"peers"`
-}
-
-// ServingProvider is one local provider.
-type ServingProvider struct {
-	Name     string `json:"name"`
-	Model    string `json:"model"`
-	Upstream string `json:"upstream"`
-}
-
-// ServingPeer is where a peer site's gateway takes forwarded requests.
-type ServingPeer struct {
-	Site    string `json:"site"`
-	Gateway string `json:"gateway,omitempty"`
 }
 
 // forbid answers a refused caller: one fixed body whatever the cause, and
@@ -288,13 +211,13 @@ func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := o.cfg.Load()
-	doc := Serving{Site: cfg.Site, Providers: []ServingProvider{}, Peers: []ServingPeer{},
+	doc := signals.Serving{Site: cfg.Site, Providers: []signals.ServingProvider{}, Peers: []signals.ServingPeer{},
 		LoadWindowMs: (2*cfg.PeerPollInterval.D() + cfg.ScrapeInterval.D() + cfg.PeerPoll.Timeout.D()).Milliseconds()}
 	for _, p := range cfg.Providers {
-		doc.Providers = append(doc.Providers, ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
+		doc.Providers = append(doc.Providers, signals.ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
 	}
 	for _, p := range o.peers() {
-		doc.Peers = append(doc.Peers, ServingPeer{Site: p.Site, Gateway: p.Gateway})
+		doc.Peers = append(doc.Peers, signals.ServingPeer{Site: p.Site, Gateway: p.Gateway})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

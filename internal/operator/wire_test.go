@@ -56,7 +56,7 @@ func TestLocalReadIsTheReferenceExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := httptest.NewRequest(http.MethodGet, SignalsPath, nil)
+	r := httptest.NewRequest(http.MethodGet, signals.SignalsPath, nil)
 	r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
 	rec := httptest.NewRecorder()
 	op.SignalsHandler().ServeHTTP(rec, r)

@@ -3,8 +3,6 @@ package signals
 import (
 	"math"
 	"strconv"
-
-	"github.com/grid-inference/grid/internal/config"
 )
 
 // Refusal reasons for rows a receiver will not keep, the `reason` label of
@@ -52,7 +50,7 @@ func Check(r *Row) string {
 	if !IsContract(r.Name) {
 		return RefuseName
 	}
-	if p, _ := r.Label(LabelProvider); !config.IsDNS1123Label(p) {
+	if p, _ := r.Label(LabelProvider); !IsDNS1123Label(p) {
 		return RefuseProvider
 	}
 	if math.IsNaN(r.Value) || math.IsInf(r.Value, 0) || r.Value < 0 {

@@ -4,7 +4,7 @@ import (
 	"math"
 	"unicode/utf8"
 
-	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
 // Limits of the wire grammar (reference §2.2).

@@ -15,7 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/grid-inference/grid/internal/expo"
+	"github.com/grid-inference/grid/internal/signals/expo"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
