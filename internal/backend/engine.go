@@ -6,9 +6,9 @@ import (
 	"math"
 	"sync"
 
-	"github.com/grid-inference/grid/internal/signals/expo"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"
+	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
 // probeOutcome is the tri-state result of asking an engine for /v1/loads.

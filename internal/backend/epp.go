@@ -6,10 +6,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/grid-inference/grid/internal/signals/expo"
 	"github.com/grid-inference/grid/internal/latency"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"
+	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
 // The EPP series a scrape reads, in the order of their indexes below.

@@ -309,14 +309,17 @@ func (g *Gateway) Poll(ctx context.Context) {
 	g.report(ctx, base)
 }
 
-// ingest stores one relay page, counts its drops and returns its skew
-// drops.
+// ingest stores one relay page, counts its refusals and returns its skew
+// refusals (ages and epochs out of bounds), the evidence the rejection
+// report carries.
 func (g *Gateway) ingest(page fetched, site string) int {
-	res := g.store.Ingest(page.body, page.date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), site, true)
-	for reason, n := range res.Dropped {
-		g.m.dropped.WithLabelValues(reason).Add(float64(n))
+	res := g.store.Ingest(page.body, page.date.UnixMilli(), g.timeline.NowMs(), g.clk.Now().UnixMilli(), signals.Origin{Site: site, Relay: true})
+	for _, r := range signals.Refusals() {
+		if n := res.Refused[r]; n > 0 {
+			g.m.dropped.WithLabelValues(r.IngestLabel()).Add(float64(n))
+		}
 	}
-	return res.Dropped[loadstore.DropSkew]
+	return res.Refused[signals.RefuseAge] + res.Refused[signals.RefuseEpoch]
 }
 
 func pollResult(err error) string {

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/grid-inference/grid/internal/connlimit"
-	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // metrics are the gateway's series (reference §5.2).
@@ -65,8 +65,8 @@ func newMetrics() *metrics {
 	for _, r := range []string{"ok", "unreachable", "unauthorized", "too_large", "no_date", "encoding", "config"} {
 		m.polls.WithLabelValues(r)
 	}
-	for _, r := range loadstore.DropReasons {
-		m.dropped.WithLabelValues(r)
+	for _, r := range signals.Refusals() {
+		m.dropped.WithLabelValues(r.IngestLabel())
 	}
 	for _, r := range []string{"applied", "rejected"} {
 		m.reloads.WithLabelValues(r)

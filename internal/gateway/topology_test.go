@@ -40,7 +40,7 @@ func TestTopologyTakesUpstreamsFromLocalConfig(t *testing.T) {
 		// A row may carry any label; none of them is an address.
 		body += fmt.Sprintf("grid_provider_info{grid_provider=\"p\",grid_site=%q,model=%q,upstream=\"http://evil\"} 1 %d\n", site, sim.DefaultModel, now)
 	}
-	g.store.Ingest([]byte(body), now, now, now, "east", true)
+	g.store.Ingest([]byte(body), now, now, now, signals.Origin{Site: "east", Relay: true})
 	cands := g.topology()
 	byKey := map[string]route.Candidate{}
 	for _, c := range cands {
@@ -69,7 +69,7 @@ func TestHopRoutesLocallyOnly(t *testing.T) {
 		Peers:     []signals.ServingPeer{{Site: "west", Gateway: "https://127.0.0.1:8181"}},
 	})
 	const now = 1_000_000
-	g.store.Ingest([]byte(fmt.Sprintf("grid_provider_info{grid_provider=\"p\",grid_site=\"west\",model=%q} 1 %d\n", sim.DefaultModel, now)), now, now, now, "east", true)
+	g.store.Ingest([]byte(fmt.Sprintf("grid_provider_info{grid_provider=\"p\",grid_site=\"west\",model=%q} 1 %d\n", sim.DefaultModel, now)), now, now, now, signals.Origin{Site: "east", Relay: true})
 	g.refresh()
 	sites := func(s *route.Snapshot) map[string]bool {
 		out := map[string]bool{}
@@ -116,21 +116,21 @@ func TestRemovedRemoteProviderIsForgotten(t *testing.T) {
 		return out
 	}
 	now := g.timeline.NowMs()
-	g.store.Ingest(append(info("kept"), info("removed")...), now, now, now, "east", true)
+	g.store.Ingest(append(info("kept"), info("removed")...), now, now, now, signals.Origin{Site: "east", Relay: true})
 	if got := remote(); !got["kept"] || !got["removed"] {
 		t.Fatalf("remote candidates %v", got)
 	}
 	// Four minutes on, only "kept" is still relayed: both stay.
 	clk.Advance(4 * time.Minute)
 	now = g.timeline.NowMs()
-	g.store.Ingest(info("kept"), now, now, now, "east", true)
+	g.store.Ingest(info("kept"), now, now, now, signals.Origin{Site: "east", Relay: true})
 	if got := remote(); !got["kept"] || !got["removed"] {
 		t.Fatalf("within forgetAfter: %v", got)
 	}
 	// Past five minutes without a row, "removed" is forgotten.
 	clk.Advance(90 * time.Second)
 	now = g.timeline.NowMs()
-	g.store.Ingest(info("kept"), now, now, now, "east", true)
+	g.store.Ingest(info("kept"), now, now, now, signals.Origin{Site: "east", Relay: true})
 	if got := remote(); !got["kept"] || got["removed"] {
 		t.Errorf("after forgetAfter: %v, want kept only", got)
 	}

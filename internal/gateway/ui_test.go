@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -56,7 +57,7 @@ func gatewayWithEastPoolAt(t *testing.T, upstream string) *Gateway {
 		`llm_d_epp_average_running_requests{grid_provider="pool",grid_site="east",name="pool"} 6 1000000`,
 		`llm_d_epp_average_queue_size{grid_provider="pool",grid_site="east",name="pool"} 0 1000000`,
 		`llm_d_epp_ready_endpoints{grid_provider="pool",grid_site="east",name="pool"} 2 1000000`,
-	}, "\n")+"\n"), now, g.timeline.NowMs(), now, "east", true)
+	}, "\n")+"\n"), now, g.timeline.NowMs(), now, signals.Origin{Site: "east", Relay: true})
 	g.refresh()
 	return g
 }

@@ -6,184 +6,88 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// Drop reasons of grid_signals_ingest_dropped_total.
-const (
-	DropSkew         = "skew"
-	DropSiteMismatch = "site_mismatch"
-	DropCap          = "cap"
-	DropParse        = "parse"
-	DropName         = "name"
-	DropProvider     = "provider"
-	DropValue        = "value"
-	DropDelayed      = "delayed"
-)
-
-// DropReasons lists every reason, for pre-created counters.
-var DropReasons = []string{DropSkew, DropSiteMismatch, DropCap, DropParse, DropName, DropProvider, DropValue, DropDelayed}
-
-// MaxProvidersPerSite is how many providers of one site an answer may
-// contribute: the first in name order.
-const MaxProvidersPerSite = 64
-
-// Result counts what one ingest kept and dropped.
+// Result counts what one ingest kept and refused.
 type Result struct {
 	Kept    int
-	Dropped map[string]int
+	Refused signals.Tally
 }
 
-func (r *Result) drop(reason string, n int) {
-	if n > 0 {
-		r.Dropped[reason] += n
-	}
-}
-
-type pending struct {
-	row    signals.Stamped
-	at     int64
-	labels uint64
-}
-
-// Ingest stores the rows of a signals answer (reference §4.8, §4.9).
-// dateMs is the answer's Date, nowMs the timeline now, wallMs the wall
-// clock (for the epoch admission bound), owner the verified site that
-// answered; local marks the site's own operator, whose grid_site labels are
-// trusted because it bound them to verified identities.
-func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, owner string, local bool) Result {
-	res := Result{Dropped: map[string]int{}}
-	groups := map[Key][]pending{}
-	drops, err := signals.Parse(body, func(st *signals.Stamped) {
-		age, ok := signals.AgeMs(dateMs, st.StampMs)
-		if !ok {
-			res.drop(DropSkew, 1)
-			return
-		}
-		site := owner
-		if label, ok := st.Label(signals.LabelSite); ok {
-			if !local && label != owner {
-				res.drop(DropSiteMismatch, 1)
-				return
-			}
-			site = label
-		}
-		switch signals.Check(&st.Row) {
-		case "":
-		case signals.RefuseName:
-			res.drop(DropName, 1)
-			return
-		case signals.RefuseProvider:
-			res.drop(DropProvider, 1)
-			return
-		default:
-			res.drop(DropValue, 1)
-			return
-		}
-		p, _ := st.Label(signals.LabelProvider)
-		k := Key{site, p}
-		groups[k] = append(groups[k], pending{row: *st, at: nowMs - age, labels: hashLabels(st.Labels)})
-	})
+// Ingest stores the rows of a signals answer: the rows signals.Admit admits
+// (docs/protocol.md §3.1–§3.2) of the batches each key's fence admits
+// (§3.3), within the store caps. dateMs is the answer's Date, nowMs the
+// timeline now, wallMs the wall clock (for the epoch bound); origin says
+// who answered.
+func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.Origin) Result {
+	var res Result
+	groups, err := signals.Admit(body, dateMs, origin, &res.Refused)
 	if err != nil {
-		res.drop(DropParse, 1)
 		return res
 	}
-	res.drop(DropParse, drops)
-
-	keys := make([]Key, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
-	}
-	sortKeys(keys)
-	perSite := map[string]int{}
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, k := range keys {
-		rows := groups[k]
-		if perSite[k.Site]++; perSite[k.Site] > MaxProvidersPerSite {
-			res.drop(DropCap, len(rows))
-			continue
-		}
+	for i := range groups {
+		g := &groups[i]
+		k := Key{g.Site, g.Provider}
 		e := s.keys[k]
 		if e == nil {
 			if len(s.keys) >= MaxKeys || s.perSite[k.Site] >= MaxKeysPerSite {
-				res.drop(DropCap, len(rows))
+				res.Refused.Add(signals.RefuseStoreCap, len(g.Rows))
 				continue
 			}
 			e = &entry{series: map[string]*series{}}
 			s.keys[k] = e
 			s.perSite[k.Site]++
 		}
-		if !s.admitBatch(e, rows, wallMs, &res) {
+		if !e.admit(g, wallMs, &res.Refused) {
 			continue
 		}
-		for i := range rows {
-			p := &rows[i]
-			e.newestAt = max(e.newestAt, p.at)
-			if p.row.Name == signals.Info {
-				if m, _ := p.row.Label(signals.LabelModel); p.at >= e.infoAt {
-					e.model, e.infoAt = m, p.at
-				}
-			}
-			ser := e.series[p.row.Name]
-			if ser == nil {
-				if len(e.series) >= MaxMetricsPerKey {
-					res.Kept++ // silently ignored, as the reference does
-					continue
-				}
-				ser = &series{sum: p.row.Name == signals.EPPFlowControlQueue}
-				e.series[p.row.Name] = ser
-			}
-			ser.push(p.at, p.row.Value, p.labels, p.row.StampMs, s.windowMs)
+		for j := range g.Rows {
+			e.push(&g.Rows[j], nowMs-g.Rows[j].AgeMs, s.windowMs)
 			res.Kept++
 		}
 	}
 	return res
 }
 
-// admitBatch applies the batch fence and the learning gate to one key's rows
-// (reference §4.9). It reports whether the rows are stored.
-func (s *Store) admitBatch(e *entry, rows []pending, wallMs int64, res *Result) bool {
-	var meta *pending
-	for i := range rows {
-		if rows[i].row.Name == signals.ConfigGeneration {
-			meta = &rows[i]
-			break
-		}
+// admit applies the batch fence and the learning gate to one key's rows
+// (docs/protocol.md §3.3, §4.4). It reports whether the rows are stored.
+func (e *entry) admit(g *signals.Group, wallMs int64, refused *signals.Tally) bool {
+	d, refusal, renewed := e.fence.Admit(g.Batch, wallMs)
+	switch d {
+	case signals.Refuse:
+		refused.Add(refusal, len(g.Rows))
+		return false
+	case signals.Republish:
+		return false // its age and learning lifetime stay the first's
 	}
-	if meta == nil {
+	if g.Batch == nil {
 		e.learnable = false // missing metadata disables learning, not reading
 		return true
 	}
-	b, ok := signals.ParseBatch(&meta.row.Row)
-	if !ok {
-		e.learnable = false
-		res.drop(DropParse, 1)
-		return true
+	if renewed {
+		e.generation++ // a new identity: learned capacity starts over
 	}
-	if b.Epoch > wallMs+signals.EpochAheadMs {
-		res.drop(DropSkew, len(rows)) // refused before any fence is kept
-		return false
-	}
-	if e.fence != nil {
-		if b.Before(*e.fence) {
-			res.drop(DropDelayed, len(rows))
-			return false
-		}
-		if b.Same(*e.fence) {
-			return false // a republish: its age and learning lifetime stay
-		}
-		if b.UID != e.fence.UID || b.Generation != e.fence.Generation || b.Epoch != e.fence.Epoch {
-			e.generation++ // a new identity: learned capacity starts over
-		}
-	}
-	e.fence = &b
-	samples := 0
-	for i := range rows {
-		if rows[i].row.Name != signals.ConfigGeneration && rows[i].row.StampMs == meta.row.StampMs {
-			samples++
-		}
-	}
-	e.learnable = b.Samples > 0 && int64(samples) == b.Samples
+	e.learnable = g.Batch.Samples > 0 && g.LoadSamples() == g.Batch.Samples
 	return true
+}
+
+// push stores one admitted row at timeline instant at.
+func (e *entry) push(row *signals.Aged, at, windowMs int64) {
+	e.newestAt = max(e.newestAt, at)
+	if row.Name == signals.Info {
+		if m, _ := row.Label(signals.LabelModel); at >= e.infoAt {
+			e.model, e.infoAt = m, at
+		}
+	}
+	ser := e.series[row.Name]
+	if ser == nil {
+		if len(e.series) >= MaxMetricsPerKey {
+			return // silently ignored, as the reference does
+		}
+		ser = &series{sum: row.Name == signals.EPPFlowControlQueue}
+		e.series[row.Name] = ser
+	}
+	ser.push(at, row.Value, hashLabels(row.Labels), row.StampMs, windowMs)
 }
 
 // hashLabels is a stable 64-bit hash of a row's labels in line order, to

@@ -111,7 +111,7 @@ func (k Key) String() string { return k.Site + "/" + k.Provider }
 type entry struct {
 	series map[string]*series
 	// fence is the newest batch admitted for the key.
-	fence *signals.Batch
+	fence signals.Fence
 	// learnable is false while the key's latest batch metadata is missing,
 	// incomplete or empty: pressure signals stay usable, learning stops.
 	learnable bool

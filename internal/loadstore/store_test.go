@@ -31,21 +31,24 @@ func TestIngestRules(t *testing.T) {
 		line(signals.Ready, "east", "Bad_P", 1, now) + // provider
 		line(signals.Ready, "east", "a", 2, now) + // value
 		"not a line\n" // parse
-	res := s.Ingest([]byte(body), now, now, now, "east", true)
-	want := map[string]int{DropSkew: 2, DropName: 1, DropProvider: 1, DropValue: 1, DropParse: 1}
-	for k, v := range want {
-		if res.Dropped[k] != v {
-			t.Errorf("%s drops %d, want %d (all: %v)", k, res.Dropped[k], v, res.Dropped)
-		}
+	res := s.Ingest([]byte(body), now, now, now, signals.Origin{Site: "east", Relay: true})
+	var want signals.Tally
+	want.Add(signals.RefuseAge, 2)
+	want.Add(signals.RefuseName, 1)
+	want.Add(signals.RefuseProvider, 1)
+	want.Add(signals.RefuseValue, 1)
+	want.Add(signals.RefuseParse, 1)
+	if res.Refused != want {
+		t.Errorf("refused %v, want %v", res.Refused, want)
 	}
 	v, ok := s.View(Key{"east", "a"})
 	if !ok || len(v.Series[signals.Ready]) != 1 || v.Series[signals.Ready][0].At != now-500 {
 		t.Fatalf("view %+v", v)
 	}
 	// A remote owner may not speak for another site.
-	res = s.Ingest([]byte(line(signals.Ready, "north", "x", 1, now)), now, now, now, "west", false)
-	if res.Dropped[DropSiteMismatch] != 1 {
-		t.Errorf("site mismatch not dropped: %v", res.Dropped)
+	res = s.Ingest([]byte(line(signals.Ready, "north", "x", 1, now)), now, now, now, signals.Origin{Site: "west"})
+	if res.Refused[signals.RefuseSite] != 1 {
+		t.Errorf("site mismatch not refused: %v", res.Refused)
 	}
 }
 
@@ -55,9 +58,9 @@ func TestFoldSumAndMax(t *testing.T) {
 		line(signals.EPPFlowControlQueue, "e", "a", 4, 1000, `priority="1"`) +
 		line(signals.EPPPerEndpointQueue, "e", "a", 2, 1000, `model_server_endpoint="x"`) +
 		line(signals.EPPPerEndpointQueue, "e", "a", 5, 1000, `model_server_endpoint="y"`)
-	s.Ingest([]byte(body), 1000, 1000, 1000, "e", true)
+	s.Ingest([]byte(body), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
 	// The same rows again (a republish of the same instant) change nothing.
-	s.Ingest([]byte(body), 1000, 1000, 1000, "e", true)
+	s.Ingest([]byte(body), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
 	v, _ := s.View(Key{"e", "a"})
 	if got := v.Series[signals.EPPFlowControlQueue]; len(got) != 1 || got[0].Value != 7 {
 		t.Errorf("flow control %+v, want one sample summing to 7", got)
@@ -76,7 +79,7 @@ func TestBatchFenceAndLearning(t *testing.T) {
 			b.WriteString(line(signals.InFlight, "e", "a", float64(i), stamp, fmt.Sprintf(`i="%d"`, i)))
 		}
 		b.WriteString(meta("e", "a", epoch, seq, samples, stamp))
-		return s.Ingest([]byte(b.String()), stamp, stamp, stamp, "e", true)
+		return s.Ingest([]byte(b.String()), stamp, stamp, stamp, signals.Origin{Site: "e", Relay: true})
 	}
 	view := func() View { v, _ := s.View(k); return v }
 
@@ -95,16 +98,16 @@ func TestBatchFenceAndLearning(t *testing.T) {
 		t.Error("empty batch is learnable")
 	}
 	// A delayed (older) batch is dropped whole.
-	if res := ingest(1000, 4, 1, 4000, 1); res.Dropped[DropDelayed] != 2 {
-		t.Errorf("delayed batch: %v", res.Dropped)
+	if res := ingest(1000, 4, 1, 4000, 1); res.Refused[signals.RefuseDelayed] != 2 {
+		t.Errorf("delayed batch: %v", res.Refused)
 	}
 	// The same batch again is a republish: neither stored nor counted.
-	if res := ingest(1000, 7, 0, 3000, 0); len(res.Dropped) != 0 || res.Kept != 0 {
+	if res := ingest(1000, 7, 0, 3000, 0); res.Refused.Total() != 0 || res.Kept != 0 {
 		t.Errorf("republish: %+v", res)
 	}
 	// An epoch more than ten minutes ahead is refused and keeps no fence.
-	if res := ingest(5000+11*60_000, 1, 1, 5000, 1); res.Dropped[DropSkew] != 2 {
-		t.Errorf("future epoch: %v", res.Dropped)
+	if res := ingest(5000+11*60_000, 1, 1, 5000, 1); res.Refused[signals.RefuseEpoch] != 2 {
+		t.Errorf("future epoch: %v", res.Refused)
 	}
 	// A new epoch (a publisher restart) resets learning identity.
 	ingest(2000, 1, 1, 6000, 1)
@@ -116,12 +119,12 @@ func TestBatchFenceAndLearning(t *testing.T) {
 func TestCaps(t *testing.T) {
 	s := New(time.Minute)
 	var b strings.Builder
-	for i := range MaxProvidersPerSite + 6 {
+	for i := range signals.MaxPeerProviders + 6 {
 		b.WriteString(line(signals.Ready, "e", fmt.Sprintf("p%03d", i), 1, 1000))
 	}
-	res := s.Ingest([]byte(b.String()), 1000, 1000, 1000, "e", true)
-	if res.Dropped[DropCap] != 6 || len(s.Keys()) != MaxProvidersPerSite {
-		t.Errorf("drops %v, keys %d", res.Dropped, len(s.Keys()))
+	res := s.Ingest([]byte(b.String()), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
+	if res.Refused[signals.RefuseProviderCap] != 6 || len(s.Keys()) != signals.MaxPeerProviders {
+		t.Errorf("refused %v, keys %d", res.Refused, len(s.Keys()))
 	}
 }
 
@@ -129,7 +132,7 @@ func TestWindowEviction(t *testing.T) {
 	s := New(10 * time.Second)
 	for i := range 200 {
 		ts := int64(1000 + i*100)
-		s.Ingest([]byte(line(signals.InFlight, "e", "a", float64(i), ts)), ts, ts, ts, "e", true)
+		s.Ingest([]byte(line(signals.InFlight, "e", "a", float64(i), ts)), ts, ts, ts, signals.Origin{Site: "e", Relay: true})
 	}
 	v, _ := s.View(Key{"e", "a"})
 	got := v.Series[signals.InFlight]
@@ -151,7 +154,7 @@ func FuzzIngest(f *testing.F) {
 	f.Add([]byte(line(signals.Ready, "e", "a", 1, 1000) + meta("e", "a", 1, 1, 1, 1000)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		s := New(time.Minute)
-		s.Ingest(body, 1000, 1000, 1000, "e", true)
+		s.Ingest(body, 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
 		for _, k := range s.Keys() {
 			v, _ := s.View(k)
 			if len(v.Series) > MaxMetricsPerKey {
@@ -166,9 +169,9 @@ func FuzzIngest(f *testing.F) {
 // stays, however old its other series.
 func TestForget(t *testing.T) {
 	s := New(time.Minute)
-	s.Ingest([]byte(meta("w", "gone", 1000, 9, 0, 1000)+line(signals.Info, "w", "gone", 1, 1000, `model="m"`)), 1000, 1000, 1000, "e", true)
-	s.Ingest([]byte(line(signals.Ready, "w", "live", 1, 1000)), 1000, 1000, 1000, "e", true)
-	s.Ingest([]byte(line(signals.InFlight, "w", "live", 3, 500_000)), 500_000, 500_000, 500_000, "e", true)
+	s.Ingest([]byte(meta("w", "gone", 1000, 9, 0, 1000)+line(signals.Info, "w", "gone", 1, 1000, `model="m"`)), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
+	s.Ingest([]byte(line(signals.Ready, "w", "live", 1, 1000)), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
+	s.Ingest([]byte(line(signals.InFlight, "w", "live", 3, 500_000)), 500_000, 500_000, 500_000, signals.Origin{Site: "e", Relay: true})
 
 	if gone := s.Forget(400_000); len(gone) != 1 || gone[0] != (Key{"w", "gone"}) {
 		t.Fatalf("forgot %v, want w/gone only", gone)
@@ -178,9 +181,9 @@ func TestForget(t *testing.T) {
 	}
 	// The provider returns (a new publisher, an older sequence): its key
 	// starts afresh, no fence from before refuses it.
-	res := s.Ingest([]byte(meta("w", "gone", 900, 1, 0, 600_000)), 600_000, 600_000, 600_000, "e", true)
-	if len(res.Dropped) != 0 {
-		t.Errorf("a returning provider was refused: %v", res.Dropped)
+	res := s.Ingest([]byte(meta("w", "gone", 900, 1, 0, 600_000)), 600_000, 600_000, 600_000, signals.Origin{Site: "e", Relay: true})
+	if res.Refused.Total() != 0 {
+		t.Errorf("a returning provider was refused: %v", res.Refused)
 	}
 	if v, ok := s.View(Key{"w", "gone"}); !ok || v.Model != "" {
 		t.Errorf("returning provider %+v: want a fresh key without the old model", v)
@@ -188,14 +191,14 @@ func TestForget(t *testing.T) {
 
 	// Forgetting frees the per-site cap.
 	full := New(time.Minute)
-	for i := range MaxKeysPerSite { // one answer carries at most MaxProvidersPerSite
-		full.Ingest([]byte(line(signals.Ready, "x", fmt.Sprintf("p%03d", i), 1, 1000)), 1000, 1000, 1000, "e", true)
+	for i := range MaxKeysPerSite { // one answer carries at most signals.MaxPeerProviders
+		full.Ingest([]byte(line(signals.Ready, "x", fmt.Sprintf("p%03d", i), 1, 1000)), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
 	}
-	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, "e", true); res.Dropped[DropCap] != 1 {
-		t.Fatalf("cap not reached: %v", res.Dropped)
+	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, signals.Origin{Site: "e", Relay: true}); res.Refused[signals.RefuseStoreCap] != 1 {
+		t.Fatalf("cap not reached: %v", res.Refused)
 	}
 	full.Forget(1500)
-	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, "e", true); len(res.Dropped) != 0 || len(full.Keys()) != 1 {
-		t.Errorf("after forgetting, drops %v, keys %d", res.Dropped, len(full.Keys()))
+	if res := full.Ingest([]byte(line(signals.Ready, "x", "new", 1, 2000)), 2000, 2000, 2000, signals.Origin{Site: "e", Relay: true}); res.Refused.Total() != 0 || len(full.Keys()) != 1 {
+		t.Errorf("after forgetting, refused %v, keys %d", res.Refused, len(full.Keys()))
 	}
 }

@@ -384,8 +384,8 @@ func TestPeerIngestRules(t *testing.T) {
 	fp := startFakePeer(t, dir, "west")
 	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://"+fp.addr)
 	poll := func() { east.op.PollPeers(context.Background()) }
-	refused := func(reason string) float64 {
-		return counterValue(t, east.op, "grid_peer_signals_refused_total", "peer", "west", "reason", reason)
+	refused := func(reason signals.Refusal) float64 {
+		return counterValue(t, east.op, "grid_peer_signals_refused_total", "peer", "west", "reason", reason.PeerLabel())
 	}
 	now := time.Now()
 	ms := now.UnixMilli()
@@ -631,7 +631,7 @@ func TestIngestProperty(t *testing.T) {
 			}
 			for i := range e.Rows {
 				r := &e.Rows[i]
-				if reason := signals.Check(r); reason != "" {
+				if reason, refused := signals.Check(r); refused {
 					t.Fatalf("iteration %d: stored a row refused for %s: %+v", iter, reason, r)
 				}
 				if s, _ := r.Label(signals.LabelSite); s != "west" {

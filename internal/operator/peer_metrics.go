@@ -66,8 +66,10 @@ func (m *peerMetrics) initPeer(site string) {
 	for _, o := range Outcomes {
 		m.polls.WithLabelValues(site, o)
 	}
-	for _, r := range signals.RefuseReasons {
-		m.refused.WithLabelValues(site, r)
+	for _, r := range signals.Refusals() {
+		if r != signals.RefuseStoreCap { // the peer store has no key cap
+			m.refused.WithLabelValues(site, r.PeerLabel())
+		}
 	}
 	m.agesRejected.WithLabelValues(site).Set(0)
 }

@@ -82,11 +82,11 @@ type peerPoller struct {
 	peers map[string]*peerState
 	// fences holds, per "peer/provider", the newest batch admitted: never
 	// rolled back by a rejected payload.
-	fences map[string]signals.Batch
+	fences map[string]*signals.Fence
 }
 
 func newPeerPoller(o *Operator) *peerPoller {
-	return &peerPoller{o: o, peers: map[string]*peerState{}, fences: map[string]signals.Batch{}}
+	return &peerPoller{o: o, peers: map[string]*peerState{}, fences: map[string]*signals.Fence{}}
 }
 
 // configure sets the peer list: new peers get a client, removed ones are

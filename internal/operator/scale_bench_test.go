@@ -159,16 +159,17 @@ func newSiteGateway(sites int) *siteGateway {
 }
 
 // ingest is what the gateway does with one relay, page by page; it
-// returns the drops.
-func (g *siteGateway) ingest(relay [][]byte) map[string]int {
+// returns the refusals.
+func (g *siteGateway) ingest(relay [][]byte) signals.Tally {
 	now := time.Now().UnixMilli()
-	dropped := map[string]int{}
+	var refused signals.Tally
 	for _, page := range relay {
-		for reason, n := range g.store.Ingest(page, now, now, now, "s00", true).Dropped {
-			dropped[reason] += n
+		res := g.store.Ingest(page, now, now, now, signals.Origin{Site: "s00", Relay: true})
+		for _, r := range signals.Refusals() {
+			refused.Add(r, res.Refused[r])
 		}
 	}
-	return dropped
+	return refused
 }
 
 func (g *siteGateway) rebuild() *route.Snapshot {
@@ -227,8 +228,8 @@ func TestGridScaleFootprint(t *testing.T) {
 		// and the snapshot built from them.
 		g := newSiteGateway(n)
 		for range 5 {
-			if dropped := g.ingest(relay); len(dropped) > 0 {
-				t.Errorf("%d sites: gateway dropped %v of its operator's relay", n, dropped)
+			if refused := g.ingest(relay); refused.Total() > 0 {
+				t.Errorf("%d sites: gateway refused %v of its operator's relay", n, refused)
 			}
 		}
 		snap := g.rebuild()

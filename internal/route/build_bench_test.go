@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // BenchmarkBuild rebuilds the snapshot of a grid of sites × providers, each
@@ -33,7 +34,7 @@ func BenchmarkBuild(b *testing.B) {
 						fmt.Fprintf(&body, "llm_d_epp_per_endpoint_queue_size{%s,model_server_endpoint=\"e\",name=\"x\"} 1 %d\n", lbl, ts)
 					}
 				}
-				store.Ingest([]byte(body.String()), now, now, now, site, true)
+				store.Ingest([]byte(body.String()), now, now, now, signals.Origin{Site: site, Relay: true})
 			}
 			builder := NewBuilder()
 			set := DefaultSettings

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // world is a load store, a builder and candidate sites, driven in timeline
@@ -74,9 +75,9 @@ func (w *world) publish(site string, t int64, o obs) {
 	}
 	w.seq++
 	lines = append(lines, fmt.Sprintf(`grid_provider_config_generation{batch_samples="%d",batch_sequence="%d",%s,provider_uid="u",publisher_epoch="1"} 1 %d`, len(lines), w.seq, lbl, t))
-	res := w.store.Ingest([]byte(strings.Join(lines, "\n")+"\n"), t, t, t, "hub", true)
-	if len(res.Dropped) != 0 {
-		w.t.Fatalf("ingest dropped %v", res.Dropped)
+	res := w.store.Ingest([]byte(strings.Join(lines, "\n")+"\n"), t, t, t, signals.Origin{Site: "hub", Relay: true})
+	if res.Refused.Total() != 0 {
+		w.t.Fatalf("ingest refused %v", res.Refused)
 	}
 }
 
@@ -218,7 +219,7 @@ func TestWorkedExamples(t *testing.T) {
 			w.seq++
 			w.store.Ingest([]byte(fmt.Sprintf("grid_provider_ready{grid_provider=\"p\",grid_site=\"a\"} %d %d\n"+
 				"grid_provider_config_generation{batch_samples=\"1\",batch_sequence=\"%d\",grid_provider=\"p\",grid_site=\"a\",provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n",
-				v, t0, w.seq, t0)), t0, t0, t0, "hub", true)
+				v, t0, w.seq, t0)), t0, t0, t0, signals.Origin{Site: "hub", Relay: true})
 		}
 		verdict(2000, 0)
 		if a := find(w.build(2000), "a"); a.Admission != Excluded {

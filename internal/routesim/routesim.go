@@ -18,6 +18,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // Policies.
@@ -261,7 +262,7 @@ func (g *gateway) ingest(sites []site, now float64) {
 		fmt.Fprintf(&b, "llm_d_epp_per_endpoint_queue_size{%s,model_server_endpoint=\"e\",name=\"p\"} %d %d\n", lbl, queued, ms)
 		fmt.Fprintf(&b, "grid_provider_config_generation{batch_samples=\"4\",batch_sequence=\"%d\",%s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n", g.seq, lbl, ms)
 	}
-	g.store.Ingest([]byte(b.String()), ms, ms, ms, "hub", true)
+	g.store.Ingest([]byte(b.String()), ms, ms, ms, signals.Origin{Site: "hub", Relay: true})
 }
 
 // choose routes one request by policy.

@@ -5,31 +5,6 @@ import (
 	"strconv"
 )
 
-// Refusal reasons for rows a receiver will not keep, the `reason` label of
-// grid_peer_signals_refused_total.
-const (
-	// RefuseName: not a contract series.
-	RefuseName = "name"
-	// RefuseProvider: grid_provider is not a DNS-1123 label.
-	RefuseProvider = "provider"
-	// RefuseValue: not finite, negative, or above 1 for a ratio.
-	RefuseValue = "value"
-	// RefuseProviderCap: past the first MaxPeerProviders providers.
-	RefuseProviderCap = "provider_cap"
-	// RefuseAge: stamped more than 1s past its Date or a day before it.
-	RefuseAge = "age"
-	// RefuseSite: attributed to another site than the one that answered.
-	RefuseSite = "site"
-	// RefuseEpoch: a batch whose publisher epoch is more than ten minutes
-	// ahead of the receiver's wall clock.
-	RefuseEpoch = "epoch"
-	// RefuseDelayed: a batch older than one already held.
-	RefuseDelayed = "delayed"
-)
-
-// RefuseReasons lists every reason, for pre-created counters.
-var RefuseReasons = []string{RefuseName, RefuseProvider, RefuseValue, RefuseProviderCap, RefuseAge, RefuseSite, RefuseEpoch, RefuseDelayed}
-
 // Bounds on what one site may publish (reference §3.2).
 const (
 	MaxPeerProviders = 64
@@ -45,26 +20,27 @@ const (
 
 // Check applies the per-row contract bounds: a contract name, a DNS-1123
 // grid_provider, a finite non-negative value, at most 1 for the ready flag
-// and the error ratio. It returns the refusal reason, or "".
-func Check(r *Row) string {
+// and the error ratio, a model name on an info line. It returns the refusal
+// and true when the row breaks one.
+func Check(r *Row) (Refusal, bool) {
 	if !IsContract(r.Name) {
-		return RefuseName
+		return RefuseName, true
 	}
 	if p, _ := r.Label(LabelProvider); !IsDNS1123Label(p) {
-		return RefuseProvider
+		return RefuseProvider, true
 	}
 	if math.IsNaN(r.Value) || math.IsInf(r.Value, 0) || r.Value < 0 {
-		return RefuseValue
+		return RefuseValue, true
 	}
 	if (r.Name == Ready || r.Name == ErrorRatio) && r.Value > 1 {
-		return RefuseValue
+		return RefuseValue, true
 	}
 	if r.Name == Info {
 		if m, _ := r.Label(LabelModel); !validModel(m) {
-			return RefuseValue
+			return RefuseValue, true
 		}
 	}
-	return ""
+	return 0, false
 }
 
 // AgeMs returns a row's age against the response's Date, and whether it is

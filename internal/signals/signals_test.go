@@ -65,22 +65,27 @@ func TestCheck(t *testing.T) {
 	row := func(name, provider string, v float64) *Row {
 		return &Row{Name: name, Labels: []Label{{LabelProvider, provider}}, Value: v}
 	}
+	const ok Refusal = numRefusals // no refusal
 	for _, tc := range []struct {
 		r    *Row
-		want string
+		want Refusal
 	}{
-		{row(Ready, "pool-a", 1), ""},
+		{row(Ready, "pool-a", 1), ok},
 		{row(Ready, "pool-a", 1.5), RefuseValue},
 		{row(ErrorRatio, "pool-a", 2), RefuseValue},
-		{row(InFlight, "pool-a", 2), ""},
+		{row(InFlight, "pool-a", 2), ok},
 		{row(InFlight, "pool-a", -1), RefuseValue},
 		{row(InFlight, "pool-a", math.NaN()), RefuseValue},
 		{row("go_goroutines", "pool-a", 1), RefuseName},
 		{row(Ready, "Pool_A", 1), RefuseProvider},
 		{row(Ready, "", 1), RefuseProvider},
 	} {
-		if got := Check(tc.r); got != tc.want {
-			t.Errorf("Check(%s %v %v) = %q, want %q", tc.r.Name, tc.r.Labels, tc.r.Value, got, tc.want)
+		got, refused := Check(tc.r)
+		if !refused {
+			got = ok
+		}
+		if got != tc.want {
+			t.Errorf("Check(%s %v %v) = %v, want %v", tc.r.Name, tc.r.Labels, tc.r.Value, got, tc.want)
 		}
 	}
 }

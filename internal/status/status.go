@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/grid-inference/grid/internal/signals/expo"
 	"github.com/grid-inference/grid/internal/signals"
+	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
 type providerRow struct {
