@@ -141,7 +141,9 @@ func TestAdmit(t *testing.T) {
 func TestFence(t *testing.T) {
 	const wall = 10_000_000
 	var f Fence
-	b := func(uid string, epoch, seq int64) *Batch { return &Batch{UID: uid, Epoch: epoch, Sequence: seq, Generation: 1} }
+	b := func(uid string, epoch, seq int64) *Batch {
+		return &Batch{UID: uid, Epoch: epoch, Sequence: seq, Generation: 1}
+	}
 	for i, step := range []struct {
 		batch   *Batch
 		d       Decision
