@@ -44,28 +44,27 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	}
 	defer gw.Close()
 
-	listeners := map[string]net.Listener{}
-	for name, addr := range map[string]string{"client": cfg.Listen, "hop": cfg.Hop.Listen, "metrics": cfg.Metrics.Listen} {
-		ln, err := net.Listen("tcp", addr)
+	addrs := map[gateway.Listener]string{gateway.ClientListener: cfg.Listen, gateway.HopListener: cfg.Hop.Listen, gateway.MetricsListener: cfg.Metrics.Listen}
+	listeners := map[gateway.Listener]net.Listener{}
+	for _, name := range gateway.Listeners {
+		ln, err := net.Listen("tcp", addrs[name])
 		if err != nil {
 			for _, l := range listeners {
 				l.Close()
 			}
 			return fmt.Errorf("%s listener: %w", name, err)
 		}
-		listeners[name] = ln
+		// Connection caps apply at accept, before the hop's TLS handshake.
+		listeners[name] = gw.Guard(name, ln)
 	}
+	listeners[gateway.HopListener] = tls.NewListener(listeners[gateway.HopListener], id.ServerTLS())
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
-	servers := map[string]*http.Server{}
-	for _, name := range []string{"client", "hop", "metrics"} {
+	servers := map[gateway.Listener]*http.Server{}
+	for _, name := range gateway.Listeners {
 		servers[name] = gw.Server(name, errLog)
 	}
-	// Connection caps apply at accept, before the hop's TLS handshake.
-	listeners["client"] = gw.Guard("client", listeners["client"])
-	listeners["metrics"] = gw.Guard("metrics", listeners["metrics"])
-	listeners["hop"] = tls.NewListener(gw.Guard("hop", listeners["hop"]), id.ServerTLS())
-	log.Info("gateway started", "client", listeners["client"].Addr().String(), "hop", listeners["hop"].Addr().String(),
-		"metrics", listeners["metrics"].Addr().String(), "operator", cfg.Operator.Signals)
+	log.Info("gateway started", "client", listeners[gateway.ClientListener].Addr().String(), "hop", listeners[gateway.HopListener].Addr().String(),
+		"metrics", listeners[gateway.MetricsListener].Addr().String(), "operator", cfg.Operator.Signals)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

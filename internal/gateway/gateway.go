@@ -59,7 +59,10 @@ type Gateway struct {
 	timeline *loadstore.Timeline
 	store    *loadstore.Store
 	builder  *route.Builder
-	m        *metrics
+	// own is the age-aware pick's memory of this gateway's sends: the one
+	// routing state the request path writes (route.OwnSends).
+	own *route.OwnSends
+	m   *metrics
 
 	opClient *http.Client
 	serving  atomic.Pointer[signals.Serving]
@@ -124,11 +127,13 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	m := newMetrics()
+	own := route.NewOwnSends()
 	g := &Gateway{
 		clk: opts.Clock, log: opts.Logger, id: opts.Identity, m: m,
 		timeline: loadstore.NewTimeline(opts.Clock),
 		store:    loadstore.New(storeWindow),
-		builder:  route.NewBuilder(),
+		own:      own,
+		builder:  route.NewBuilder(own),
 		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),

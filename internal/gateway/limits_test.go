@@ -20,7 +20,7 @@ import (
 
 // serveGuarded serves the client API of g on a guarded loopback listener
 // with the given limits and returns its address.
-func serveGuarded(t *testing.T, g *Gateway, listener string, set func(*config.GatewayLimits)) string {
+func serveGuarded(t *testing.T, g *Gateway, listener Listener, set func(*config.GatewayLimits)) string {
 	t.Helper()
 	c := *g.cfg.Load()
 	set(&c.Limits)
@@ -29,7 +29,7 @@ func serveGuarded(t *testing.T, g *Gateway, listener string, set func(*config.Ga
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := g.Server("client", nil)
+	srv := g.Server(ClientListener, nil)
 	done := make(chan struct{})
 	go func() { srv.Serve(g.Guard(listener, raw)); close(done) }()
 	t.Cleanup(func() {
@@ -74,7 +74,7 @@ func shedTotal(g *Gateway, listener, limit string) float64 {
 func TestClientConnectionCaps(t *testing.T) {
 	g := gatewayWithEastPool(t)
 	defer g.Close()
-	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.ClientConns, l.ClientConnsPerSource = 3, 2 })
+	addr := serveGuarded(t, g, ClientListener, func(l *config.GatewayLimits) { l.ClientConns, l.ClientConnsPerSource = 3, 2 })
 
 	a, b := dialFrom(t, "127.0.0.1", addr), dialFrom(t, "127.0.0.1", addr)
 	if modelsOn(a) != 200 || modelsOn(b) != 200 {
@@ -109,7 +109,7 @@ func TestClientConnectionCaps(t *testing.T) {
 func TestHopConnectionCapCountsAsHop(t *testing.T) {
 	g := gatewayWithEastPool(t)
 	defer g.Close()
-	addr := serveGuarded(t, g, "hop", func(l *config.GatewayLimits) { l.HopConns = 1 })
+	addr := serveGuarded(t, g, HopListener, func(l *config.GatewayLimits) { l.HopConns = 1 })
 	held := dialFrom(t, "127.0.0.1", addr)
 	if modelsOn(held) != 200 {
 		t.Fatal("the first hop connection was not served")
@@ -128,7 +128,7 @@ func TestHopConnectionCapCountsAsHop(t *testing.T) {
 func TestTrickledBodyTimesOut(t *testing.T) {
 	g := gatewayWithEastPool(t)
 	defer g.Close()
-	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(300 * time.Millisecond) })
+	addr := serveGuarded(t, g, ClientListener, func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(300 * time.Millisecond) })
 	c := dialFrom(t, "127.0.0.1", addr)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: grid\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
@@ -164,7 +164,7 @@ func TestBodyTimeoutSparesTheStream(t *testing.T) {
 	defer upstream.Close()
 	g := gatewayWithEastPoolAt(t, upstream.URL)
 	defer g.Close()
-	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(200 * time.Millisecond) })
+	addr := serveGuarded(t, g, ClientListener, func(l *config.GatewayLimits) { l.BodyReadTimeout = config.Duration(200 * time.Millisecond) })
 	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"`+sim.DefaultModel+`","stream":true}`))
 	if err != nil {
@@ -182,7 +182,7 @@ func TestBodyTimeoutSparesTheStream(t *testing.T) {
 func TestSlowHeadersAreCut(t *testing.T) {
 	g := gatewayWithEastPool(t)
 	defer g.Close()
-	addr := serveGuarded(t, g, "client", func(l *config.GatewayLimits) { l.HeaderReadTimeout = config.Duration(300 * time.Millisecond) })
+	addr := serveGuarded(t, g, ClientListener, func(l *config.GatewayLimits) { l.HeaderReadTimeout = config.Duration(300 * time.Millisecond) })
 	c := dialFrom(t, "127.0.0.1", addr)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	start := time.Now()
@@ -204,7 +204,7 @@ func TestSlowHeadersAreCut(t *testing.T) {
 func TestMetricsListenerCap(t *testing.T) {
 	g := gatewayWithEastPool(t)
 	defer g.Close()
-	addr := serveGuarded(t, g, "metrics", func(*config.GatewayLimits) {})
+	addr := serveGuarded(t, g, MetricsListener, func(*config.GatewayLimits) {})
 	for range MetricsConns {
 		dialFrom(t, "127.0.0.1", addr)
 	}

@@ -77,7 +77,8 @@ func newMetrics() *metrics {
 	for _, r := range []string{ejectRefused, eject5xx} {
 		m.ejections.WithLabelValues(r)
 	}
-	for _, ln := range []string{"client", "hop", "metrics"} {
+	for _, l := range Listeners {
+		ln := l.String()
 		for _, lim := range []string{connlimit.ShedTotal, connlimit.ShedSource} {
 			m.connsShed.WithLabelValues(ln, lim)
 		}

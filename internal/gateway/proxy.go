@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -37,30 +38,59 @@ var internalHeaders = []string{"X-Ai-Routing-Candidate", "X-Ai-Routing-Request-I
 // Prometheus server and a dashboard or two hold a handful.
 const MetricsConns = 256
 
-// Guard bounds ln, the "client", "hop" or "metrics" listener, by the
-// configured limits (read once, at start), counting the connections it
-// sheds.
-func (g *Gateway) Guard(listener string, ln net.Listener) net.Listener {
+// Listener names one of the gateway's three listeners.
+type Listener uint8
+
+// The gateway's listeners.
+const (
+	// ClientListener serves the OpenAI API to clients.
+	ClientListener Listener = iota
+	// HopListener serves requests forwarded by peer gateways, over mTLS.
+	HopListener
+	// MetricsListener serves /metrics, the probes and the dashboard.
+	MetricsListener
+)
+
+// Listeners lists every listener, in the order they are started.
+var Listeners = []Listener{ClientListener, HopListener, MetricsListener}
+
+// String is the listener's name in logs and in the listener label.
+func (l Listener) String() string {
+	switch l {
+	case ClientListener:
+		return "client"
+	case HopListener:
+		return "hop"
+	case MetricsListener:
+		return "metrics"
+	}
+	return fmt.Sprintf("Listener(%d)", uint8(l))
+}
+
+// Guard bounds ln, the given listener, by the configured limits (read once,
+// at start), counting the connections it sheds.
+func (g *Gateway) Guard(listener Listener, ln net.Listener) net.Listener {
 	lim := g.cfg.Load().Limits
 	var l connlimit.Limits
 	switch listener {
-	case "client":
+	case ClientListener:
 		l = connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
-	case "hop":
+	case HopListener:
 		l = connlimit.Limits{Total: lim.HopConns, PerSource: lim.HopConnsPerSource, PerSource48: 4 * lim.HopConnsPerSource}
-	default:
+	case MetricsListener:
 		l = connlimit.Limits{Total: MetricsConns}
+	default:
+		panic("gateway: guard for " + listener.String())
 	}
-	shed := g.m.connsShed
-	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(listener, limit).Inc() })
+	shed, name := g.m.connsShed, listener.String()
+	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(name, limit).Inc() })
 }
 
-// Server returns the HTTP server of one of the gateway's listeners:
-// "client", "hop" or "metrics". Client and hop requests may stream for as
-// long as the model generates, so there is no write timeout; headers are
-// bounded in size and time, and idle connections closed. Limits are read
-// once, at start.
-func (g *Gateway) Server(listener string, errLog *log.Logger) *http.Server {
+// Server returns the HTTP server of one of the gateway's listeners. Client
+// and hop requests may stream for as long as the model generates, so there
+// is no write timeout; headers are bounded in size and time, and idle
+// connections closed. Limits are read once, at start.
+func (g *Gateway) Server(listener Listener, errLog *log.Logger) *http.Server {
 	lim := g.cfg.Load().Limits
 	srv := &http.Server{
 		ReadHeaderTimeout: lim.HeaderReadTimeout.D(),
@@ -69,12 +99,14 @@ func (g *Gateway) Server(listener string, errLog *log.Logger) *http.Server {
 		ErrorLog:          errLog,
 	}
 	switch listener {
-	case "client":
+	case ClientListener:
 		srv.Handler = g.ClientHandler()
-	case "hop":
+	case HopListener:
 		srv.Handler = g.HopHandler()
-	default:
+	case MetricsListener:
 		srv.Handler = g.MetricsHandler()
+	default:
+		panic("gateway: server for " + listener.String())
 	}
 	return srv
 }
@@ -187,7 +219,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	g.waitFirst(r.Context())
 	snap := g.snapshot(hop)
 	turn := g.turn.Add(1)
-	pick := snap.Pick(model, turn, g.timeline.NowMs())
+	pick := snap.Pick(model, turn, g.timeline.NowMs(), g.own)
 	if pick.Candidate == nil {
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return

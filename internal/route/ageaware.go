@@ -3,9 +3,6 @@ package route
 import (
 	"math"
 	"sort"
-	"sync/atomic"
-
-	"github.com/grid-inference/grid/internal/loadstore"
 )
 
 // interpret reads every candidate's load through its age (docs/routing.md,
@@ -54,7 +51,7 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 		level := waterLevel(group, arrivals)
 		for _, c := range group {
 			c.Active = c.Predicted <= level+1e-9
-			c.own = b.ownFor(c)
+			c.interpreted = true
 			c.level = level
 		}
 	}
@@ -93,32 +90,22 @@ func waterLevel(group []*Candidate, arrivals float64) float64 {
 	return level
 }
 
-// ownFor returns the candidate's own-sends counter, starting a new one when
-// a newer reading arrived (the reading now includes those sends).
-func (b *Builder) ownFor(c *Candidate) *ownSends {
-	k := loadstore.Key{Site: c.Site, Provider: c.Provider}
-	o := b.own[k]
-	if o == nil || o.readingAt != c.latestAt {
-		o = &ownSends{readingAt: c.latestAt}
-		b.own[k] = o
-	}
-	return o
-}
-
 // pickAgeAware draws two active candidates by capacity and takes the one
 // with the lower predicted load after this gateway's own sends still in
-// flight. Own sends also move the active set between snapshots: once they
-// lift the active sites past the next one, it joins, so a burst between two
-// polls spreads as the water would. It returns -1 when no healthy candidate
-// was interpreted.
-func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) int32 {
+// flight (counters, aligned with s.Candidates; nil reads the board alone).
+// Own sends also move the active set between snapshots: once they lift the
+// active sites past the next one, it joins, so a burst between two polls
+// spreads as the water would. The pick is counted in its counter, the one
+// write of the request path. It returns -1 when no healthy candidate was
+// interpreted.
+func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64, counters []*sendCounter) int32 {
 	// Each healthy candidate's load, read once: decaying own sends costs an
 	// exponential.
 	var loads [MaxSites]float64
 	level, minLoad := math.Inf(-1), math.Inf(1)
 	for k, i := range healthy {
-		if c := &s.Candidates[i]; c.own != nil {
-			loads[k] = s.load(i, nowMs)
+		if c := &s.Candidates[i]; c.interpreted {
+			loads[k] = s.load(i, nowMs, counters)
 			level = c.level
 			minLoad = math.Min(minLoad, loads[k])
 		}
@@ -130,7 +117,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) in
 	var active [MaxSites]int32
 	n := 0
 	for k, i := range healthy {
-		if s.Candidates[i].own != nil && loads[k] <= level {
+		if s.Candidates[i].interpreted && loads[k] <= level {
 			active[n] = i
 			n++
 		}
@@ -138,78 +125,24 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64) in
 	first := s.weighted(active[:n], -1, u0, ceiling)
 	second := s.weighted(active[:n], first, u1, ceiling)
 	pick := first
-	if second >= 0 && s.load(second, nowMs) < s.load(first, nowMs) {
+	if second >= 0 && s.load(second, nowMs, counters) < s.load(first, nowMs, counters) {
 		pick = second
 	}
-	if !s.ignoreOwn {
+	if counters != nil {
 		c := &s.Candidates[pick]
-		c.own.add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
+		counters[pick].add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
 	}
 	return pick
 }
 
-func (s *Snapshot) load(i int32, nowMs int64) float64 {
+// load is candidate i's predicted load with this gateway's own sends.
+func (s *Snapshot) load(i int32, nowMs int64, counters []*sendCounter) float64 {
 	c := &s.Candidates[i]
-	if s.ignoreOwn {
+	if counters == nil {
 		return c.Predicted
 	}
-	return c.Predicted + c.own.inFlight(nowMs, s.meanMs, c.Predicted, c.Ceiling)/c.Ceiling
+	return c.Predicted + counters[i].inFlight(nowMs, s.meanMs, c.Predicted, c.Ceiling)/c.Ceiling
 }
 
 // ceiling weighs an active candidate by its learned ceiling.
 func ceiling(c *Candidate) float64 { return c.Ceiling }
-
-// ownSends estimates how many of this gateway's sends to one candidate,
-// made since its reading, are still in flight: each drains with the site's
-// predicted backlog (decayed), so a burst just sent counts fully, and sends
-// long finished count for nothing, whatever the reading's age. The estimate
-// at the last send and that send's instant share one word, updated by
-// compare-and-swap: the request path takes no lock.
-type ownSends struct {
-	readingAt int64 // ms on the store timeline
-	// state is the estimate's float32 bits above the last send's instant,
-	// in ms since readingAt.
-	state atomic.Uint64
-}
-
-func (o *ownSends) unpack(w uint64) (estimate float64, atMs int64) {
-	return float64(math.Float32frombits(uint32(w >> 32))), int64(uint32(w))
-}
-
-// since is nowMs relative to the reading, clamped to what the word holds.
-func (o *ownSends) since(nowMs int64) int64 {
-	return min(max(nowMs-o.readingAt, 0), math.MaxUint32)
-}
-
-// decayed is what remains in flight of estimate own sends elapsedMs after
-// they were counted, at a site predicted at load (in-flight over capacity):
-// the sends join the site's backlog and drain with it, at the full service
-// rate while a queue stands ahead of them, exponentially once slots are
-// free (drain).
-func decayed(estimate float64, elapsedMs int64, meanMs, load, capacity float64) float64 {
-	if elapsedMs <= 0 || estimate == 0 {
-		return estimate
-	}
-	age := float64(elapsedMs) / meanMs
-	return max(capacity*(drain(load+estimate/capacity, age)-drain(load, age)), 0)
-}
-
-// inFlight is the estimate at nowMs, at a site predicted at load.
-func (o *ownSends) inFlight(nowMs int64, meanMs, load, capacity float64) float64 {
-	v, at := o.unpack(o.state.Load())
-	return decayed(v, o.since(nowMs)-at, meanMs, load, capacity)
-}
-
-// add records a send at nowMs.
-func (o *ownSends) add(nowMs int64, meanMs, load, capacity float64) {
-	rel := o.since(nowMs)
-	for {
-		old := o.state.Load()
-		v, at := o.unpack(old)
-		next := decayed(v, rel-at, meanMs, load, capacity) + 1
-		w := uint64(math.Float32bits(float32(next)))<<32 | uint64(uint32(max(rel, at)))
-		if o.state.CompareAndSwap(old, w) {
-			return
-		}
-	}
-}

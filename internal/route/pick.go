@@ -66,10 +66,11 @@ func unit(turn, salt uint64) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Pick selects a candidate for model (reference §4.12) at nowMs on the store
-// timeline (the age-aware policy decays its own sends by it). It reads only
-// the snapshot and allocates nothing.
-func (s *Snapshot) Pick(model string, turn uint64, nowMs int64) Pick {
+// Pick selects a candidate for model (docs/protocol.md §5) at nowMs on the
+// store timeline. It reads the snapshot, which it never writes; under the
+// age-aware policy it also reads and counts this gateway's own sends in own
+// (nil: the board alone), decayed by nowMs. It allocates nothing.
+func (s *Snapshot) Pick(model string, turn uint64, nowMs int64, own *OwnSends) Pick {
 	if len(s.Candidates) == 0 {
 		return Pick{Outcome: NoRoute}
 	}
@@ -123,7 +124,7 @@ func (s *Snapshot) Pick(model string, turn uint64, nowMs int64) Pick {
 		// drawn while one below it exists. A "full" flag is not consulted:
 		// it latches over the settling window, and excluding on it herds
 		// (measured in internal/routesim).
-		if i := s.pickAgeAware(healthy[:nh], u0, u1, nowMs); i >= 0 {
+		if i := s.pickAgeAware(healthy[:nh], u0, u1, nowMs, own.countersFor(s)); i >= 0 {
 			return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: &s.Candidates[i]}
 		}
 	}

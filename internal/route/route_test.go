@@ -18,13 +18,15 @@ type world struct {
 	t     *testing.T
 	store *loadstore.Store
 	b     *Builder
+	own   *OwnSends
 	set   Settings
 	cands []Candidate
 	seq   int64
 }
 
 func newWorld(t *testing.T, sites ...string) *world {
-	w := &world{t: t, store: loadstore.New(time.Hour), b: NewBuilder(), set: DefaultSettings}
+	own := NewOwnSends()
+	w := &world{t: t, store: loadstore.New(time.Hour), b: NewBuilder(own), own: own, set: DefaultSettings}
 	w.set.WindowMs = 500
 	for _, s := range sites {
 		w.cands = append(w.cands, Candidate{Model: "m", Site: s, Provider: "p", Upstream: &url.URL{Scheme: "http", Host: s}})
@@ -361,7 +363,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		counts := map[string]int{}
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn, snap.BuiltAt)
+			p := snap.Pick("m", turn, snap.BuiltAt, w.own)
 			if p.Path != PathTwoChoices {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -382,7 +384,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		b := 0
 		for turn := range uint64(4000) {
-			if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
+			if snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site == "b" {
 				b++
 			}
 		}
@@ -399,7 +401,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		a := 0
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn, snap.BuiltAt)
+			p := snap.Pick("m", turn, snap.BuiltAt, w.own)
 			if p.Path != PathByCapacity {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -419,7 +421,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		counts := map[string]int{}
 		for turn := range uint64(3000) {
-			counts[snap.Pick("m", turn, snap.BuiltAt).Candidate.Site]++
+			counts[snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site]++
 		}
 		for s, n := range counts {
 			if n < 850 || n > 1150 {
@@ -434,7 +436,7 @@ func TestSelectionProperties(t *testing.T) {
 		w.publish("c", 1000, obs{running: 1, queue: f(0)})
 		snap := w.b.Build(w.store, w.cands, 1000, func(c *Candidate) bool { return c.Site == "c" }, w.set)
 		for turn := range uint64(1000) {
-			if s := snap.Pick("m", turn, snap.BuiltAt).Candidate.Site; s != "a" {
+			if s := snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site; s != "a" {
 				t.Fatalf("picked %s", s)
 			}
 		}
@@ -443,22 +445,22 @@ func TestSelectionProperties(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	w := newWorld(t, "a")
-	if p := w.build(0).Pick("m", 0, 0); p.Outcome != Routed {
+	if p := w.build(0).Pick("m", 0, 0, w.own); p.Outcome != Routed {
 		t.Errorf("cold start with no signals: %+v", p) // unmeasured, by capacity
 	}
-	if p := (&Snapshot{}).Pick("m", 0, 0); p.Outcome != NoRoute {
+	if p := (&Snapshot{}).Pick("m", 0, 0, nil); p.Outcome != NoRoute {
 		t.Errorf("empty snapshot: %v", p.Outcome)
 	}
-	if p := w.build(0).Pick("other", 0, 0); p.Outcome != UnknownModel {
+	if p := w.build(0).Pick("other", 0, 0, w.own); p.Outcome != UnknownModel {
 		t.Errorf("unknown model: %v", p.Outcome)
 	}
 	w.publish("a", 1000, obs{running: 1, zero: true})
-	if p := w.build(1000).Pick("m", 0, 1000); p.Outcome != NotReady {
+	if p := w.build(1000).Pick("m", 0, 1000, w.own); p.Outcome != NotReady {
 		t.Errorf("every candidate excluded: %v", p.Outcome)
 	}
 	w.cands[0].Upstream = nil
 	w.publish("a", 2000, obs{running: 1})
-	if p := w.build(2000).Pick("m", 0, 2000); p.Outcome != NoRoute {
+	if p := w.build(2000).Pick("m", 0, 2000, w.own); p.Outcome != NoRoute {
 		t.Errorf("admitted but unroutable: %v", p.Outcome)
 	}
 }
@@ -473,7 +475,7 @@ func TestPickAllocatesNothing(t *testing.T) {
 		snap := w.build(2000)
 		turn := uint64(0)
 		var path Path
-		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn, snap.BuiltAt).Path }); n != 0 {
+		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn, snap.BuiltAt, w.own).Path }); n != 0 {
 			t.Errorf("age-aware %v: Pick allocates %v times", ageAware, n)
 		}
 		if ageAware && path != PathAgeAware {
@@ -520,7 +522,7 @@ func BenchmarkPick(b *testing.B) {
 				turn := uint64(0)
 				for b.Loop() {
 					turn++
-					snap.Pick("m", turn, 1000+int64(turn%1000)) // time moves, as on the request path
+					snap.Pick("m", turn, 1000+int64(turn%1000), w.own) // time moves, as on the request path
 				}
 			})
 		}
@@ -541,7 +543,7 @@ func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
 	snap := w.build(2000)
 	b := 0
 	for turn := range uint64(4000) {
-		if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
+		if snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site == "b" {
 			b++
 		}
 	}
@@ -567,7 +569,7 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	snap := w.build(3000)
 	counts := map[string]int{}
 	for k := range int64(400) { // one request every two mean durations
-		counts[snap.Pick("m", uint64(k), 3000+200*k).Candidate.Site]++
+		counts[snap.Pick("m", uint64(k), 3000+200*k, w.own).Candidate.Site]++
 	}
 	if counts["a"] < 140 || counts["b"] < 140 {
 		t.Errorf("sequential requests on idle sites: %v, want an even split", counts)
@@ -577,7 +579,7 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	snap = w.build(90_500)
 	burst := map[string]int{}
 	for k := range uint64(16) {
-		burst[snap.Pick("m", 1000+k, 90_500).Candidate.Site]++
+		burst[snap.Pick("m", 1000+k, 90_500, w.own).Candidate.Site]++
 	}
 	if burst["a"] < 6 || burst["b"] < 6 {
 		t.Errorf("a burst of 16 on idle sites: %v, want about 8 each", burst)

@@ -69,10 +69,10 @@ type Candidate struct {
 	Active bool
 	// Predicted is the predicted present load over capacity.
 	Predicted float64
-	// own estimates this gateway's sends to the candidate since its latest
-	// reading that are still in flight; shared by the snapshots that carry
-	// that reading.
-	own      *ownSends
+	// interpreted marks a candidate the age-aware policy read (its
+	// Predicted and level are set).
+	interpreted bool
+	// latestAt is the timeline instant of the candidate's latest reading.
 	latestAt int64
 	// level is the common level of the candidate's model group.
 	level    float64
@@ -107,11 +107,6 @@ type Settings struct {
 	// MeanDurationMs is the estimated mean request duration, the unit in
 	// which the age-aware policy reads a reading's age.
 	MeanDurationMs float64
-	// IgnoreOwnSends makes the age-aware policy read the board's prediction
-	// alone, without this gateway's sends since the reading. No
-	// configuration key sets it: it is the ablation the routing benchmark
-	// measures (internal/routesim), to show what the own sends are worth.
-	IgnoreOwnSends bool
 }
 
 // DefaultSettings are the reference defaults with a 5s load window.
@@ -125,7 +120,6 @@ var DefaultSettings = Settings{
 type Snapshot struct {
 	Candidates []Candidate
 	ageAware   bool
-	ignoreOwn  bool
 	// meanMs is the mean request duration the age-aware policy reads ages
 	// and own sends in.
 	meanMs float64
@@ -172,16 +166,20 @@ type learned struct {
 // Builder rebuilds snapshots from the store; rebuilds are serialised and
 // each result is swapped in atomically.
 type Builder struct {
+	// mu serialises rebuilds and guards learned and prevShed.
 	mu       sync.Mutex
 	learned  map[loadstore.Key]*learned
-	own      map[loadstore.Key]*ownSends
 	prevShed map[string]bool
-	current  atomic.Pointer[Snapshot]
+	// own is bound to every snapshot before it is published.
+	own *OwnSends
+	// current is read by any goroutine.
+	current atomic.Pointer[Snapshot]
 }
 
-// NewBuilder returns a builder whose current snapshot is empty.
-func NewBuilder() *Builder {
-	b := &Builder{learned: map[loadstore.Key]*learned{}, own: map[loadstore.Key]*ownSends{}, prevShed: map[string]bool{}}
+// NewBuilder returns a builder whose current snapshot is empty, binding its
+// snapshots to own (nil: picks read the board alone).
+func NewBuilder(own *OwnSends) *Builder {
+	b := &Builder{learned: map[loadstore.Key]*learned{}, own: own, prevShed: map[string]bool{}}
 	b.current.Store(&Snapshot{byModel: map[string][]int32{}, Shedding: map[string]bool{}})
 	return b
 }
@@ -194,7 +192,9 @@ func (b *Builder) Forget(keys []loadstore.Key) {
 	defer b.mu.Unlock()
 	for _, k := range keys {
 		delete(b.learned, k)
-		delete(b.own, k)
+	}
+	if b.own != nil {
+		b.own.forget(keys)
 	}
 }
 
@@ -240,8 +240,11 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	snap := NewSnapshot(cands, nil, now)
 	b.shed(snap, set)
 	if set.AgeAware {
-		snap.ageAware, snap.ignoreOwn = true, set.IgnoreOwnSends
+		snap.ageAware = true
 		b.interpret(snap, now, set)
+		if b.own != nil {
+			b.own.bind(snap)
+		}
 	}
 	b.current.Store(snap)
 	return snap

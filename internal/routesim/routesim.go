@@ -122,6 +122,7 @@ type gateway struct {
 	own      []int // this gateway's sends to each site since that refresh
 	store    *loadstore.Store
 	builder  *route.Builder
+	ownSends *route.OwnSends // the age-aware pick's own sends; nil for the ablation
 	snap     *route.Snapshot
 	cands    []route.Candidate
 	wrr      []float64 // smooth weighted round robin state
@@ -145,11 +146,14 @@ func Run(cfg Config) Result {
 	set := route.DefaultSettings
 	set.WindowMs = windowMs
 	set.AgeAware = cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
-	set.IgnoreOwnSends = cfg.Policy == AgeAwareNoOwn
 	gws := make([]*gateway, cfg.Gateways)
 	for k := range gws {
 		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
-			builder: route.NewBuilder(), wrr: make([]float64, len(sites)), turn: rng.Uint64()}
+			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
+		if cfg.Policy != AgeAwareNoOwn { // the ablation: the board alone
+			g.ownSends = route.NewOwnSends()
+		}
+		g.builder = route.NewBuilder(g.ownSends)
 		for i := range sites {
 			g.cands = append(g.cands, route.Candidate{Model: "m", Site: fmt.Sprintf("s%02d", i), Provider: "p", Upstream: &url.URL{Host: "x"}})
 		}
@@ -273,7 +277,7 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			return rng.IntN(len(sites))
 		}
 		g.turn++
-		p := g.snap.Pick("m", g.turn, int64(now*unit))
+		p := g.snap.Pick("m", g.turn, int64(now*unit), g.ownSends)
 		if p.Candidate == nil {
 			return rng.IntN(len(sites))
 		}
