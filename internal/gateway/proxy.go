@@ -132,7 +132,7 @@ func (g *Gateway) handler(hop bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c := g.id.Classify(r.TLS); c.Class != identity.Peer {
 			w.Header().Set("Connection", "close")
-			refuse(w, http.StatusForbidden, "permission_error", "forbidden", "only a grid site may forward requests here", false, 0)
+			errHopForbidden.write(w, 0)
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -160,20 +160,6 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, hop bool) 
 	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
-// retryAfter spreads clients' retries over 3 to 7 seconds.
-var retryAfter = [...]string{"3", "4", "5", "6", "7"}
-
-// refuse answers an OpenAI-style error.
-func refuse(w http.ResponseWriter, status int, typ, code, msg string, retry bool, turn uint64) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	if retry {
-		h.Set("Retry-After", retryAfter[turn%5])
-	}
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": msg, "type": typ, "code": code}})
-}
-
 func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	start := g.clk.Now()
 	g.touch()
@@ -192,15 +178,15 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		var tooBig *http.MaxBytesError
 		outcome = "bad_request"
 		if errors.As(err, &tooBig) {
-			refuse(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "request body exceeds 10 MiB", false, 0)
+			errTooLarge.write(w, 0)
 			return
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			w.Header().Set("Connection", "close")
-			refuse(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body did not arrive in time", false, 0)
+			errBodyTimeout.write(w, 0)
 			return
 		}
-		refuse(w, http.StatusBadRequest, "invalid_request_error", "bad_request", "could not read the request body", false, 0)
+		errBadBody.write(w, 0)
 		return
 	}
 	model := r.Header.Get(headerModel)
@@ -210,7 +196,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	if model == "" {
 		outcome = "bad_request"
 		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
-		refuse(w, http.StatusBadRequest, "invalid_request_error", "model_required", "the request names no model (a top-level \"model\" or an X-Model header)", false, 0)
+		errModelRequired.write(w, 0)
 		return
 	}
 	for _, h := range internalHeaders {
@@ -251,7 +237,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		}
 	}
 	outcome = "upstream_error"
-	refuse(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "the chosen site could not be reached", true, turn)
+	errUpstreamUnreachable.write(w, turn)
 }
 
 // alternative is the first candidate in snapshot order, other than tried,
@@ -272,19 +258,19 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 	switch o {
 	case route.Shed:
 		g.m.decisions.WithLabelValues("", "", "shed").Inc()
-		refuse(w, http.StatusTooManyRequests, "rate_limit_exceeded", "capacity_exhausted", "every site serving this model is at capacity", true, turn)
+		errShed.write(w, turn)
 		return "shed"
 	case route.NotReady:
 		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
-		refuse(w, http.StatusServiceUnavailable, "server_error", "no_healthy_site", "no healthy site serves this model now", true, turn)
+		errNoHealthySite.write(w, turn)
 		return "not_ready"
 	case route.UnknownModel:
 		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
-		refuse(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "no site serves this model", false, turn)
+		errModelNotFound.write(w, turn)
 		return "model_not_found"
 	default:
 		g.m.decisions.WithLabelValues("", "", "no_route").Inc()
-		refuse(w, http.StatusNotFound, "invalid_request_error", "no_route", "no route serves this model", false, turn)
+		errNoRoute.write(w, turn)
 		return "no_route"
 	}
 }
@@ -330,7 +316,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			}
 			g.log.Debug("upstream error", "site", c.Site, "provider", c.Provider, "err", err)
 			if !tw.wrote {
-				refuse(w, http.StatusBadGateway, "server_error", "upstream_error", "the upstream failed to answer", false, 0)
+				errUpstreamFailed.write(w, 0)
 			}
 		},
 	}

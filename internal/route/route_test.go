@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -616,5 +617,56 @@ func TestForgetStartsLearningAfresh(t *testing.T) {
 	w.publish("a", 3000, obs{running: 5, queue: f(0)})
 	if c := find(w.build(3000), "a"); c.Ceiling != 5 {
 		t.Errorf("ceiling after forgetting %v, want 5 (learned afresh)", c.Ceiling)
+	}
+}
+
+// TestPickNeverWritesTheSnapshot: the snapshot is immutable once built; the
+// age-aware pick's own sends go to the OwnSends it is handed, and a pick
+// handed none reads the board alone.
+func TestPickNeverWritesTheSnapshot(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
+	w.publish("a", 1000, obs{running: 8, queue: f(0)})
+	w.publish("b", 1000, obs{running: 8, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 0, queue: f(0)})
+	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	snap := w.build(2000)
+	before := append([]Candidate(nil), snap.Candidates...)
+	burst := map[string]int{}
+	for k := range uint64(16) {
+		burst[snap.Pick("m", k, 2000, w.own).Candidate.Site]++
+	}
+	if !reflect.DeepEqual(before, snap.Candidates) {
+		t.Error("picks changed the snapshot")
+	}
+	if burst["a"] < 6 || burst["b"] < 6 {
+		t.Errorf("a burst of 16 with own sends: %v, want about 8 each", burst)
+	}
+	// A pick handed no OwnSends counts nothing anywhere.
+	inFlight := func(snap *Snapshot, now int64) (total float64) {
+		for i, c := range w.own.countersFor(snap) {
+			if c != nil {
+				total += c.inFlight(now, 100, snap.Candidates[i].Predicted, snap.Candidates[i].Ceiling)
+			}
+		}
+		return total
+	}
+	counted := inFlight(snap, 2000)
+	for k := range uint64(16) {
+		snap.Pick("m", k, 2000, nil)
+	}
+	if got := inFlight(snap, 2000); got != counted || counted < 15.9 {
+		t.Errorf("own sends %v after 16 picks with, %v after 16 more without", counted, got)
+	}
+	// A rebuild keeps the counters of readings that did not change: the
+	// sends just made still weigh on the next snapshot.
+	next := w.build(2001)
+	if got := w.own.countersFor(next); got == nil || w.own.countersFor(snap) == nil {
+		t.Fatal("the previous snapshot or the new one is not bound")
+	}
+	total := inFlight(next, 2001)
+	if total < 14 {
+		t.Errorf("own sends after a rebuild: %.1f in flight, want about 16", total)
 	}
 }
