@@ -74,119 +74,157 @@ func first(gs ...*poolGauge) *poolGauge {
 
 // ParseEPP reads an EPP exposition for the pool (empty pool: every pool).
 func ParseEPP(body []byte, pool string) (*Reading, error) {
-	var (
-		gauges     [nEPPNames]poolGauge
-		pools      = map[string]bool{}
-		namespaces = map[string]bool{}
-		inflight   = map[string]map[[2]string]float64{} // producer -> (ns, endpoint) -> sum
-		snap       latency.Snapshot
-		haveLat    bool
-		flow       float64
-		rows       []signals.Row
-		units      bool
-	)
-	// The latency counters each sum into one field of snap.
-	var latencyCounters [nEPPNames]*float64
-	latencyCounters[iTTFTSum], latencyCounters[iTTFTCount] = &snap.TTFTSum, &snap.TTFTCount
-	latencyCounters[iTPOTSum], latencyCounters[iTPOTCount] = &snap.TPOTSum, &snap.TPOTCount
-	latencyCounters[iInputSum], latencyCounters[iInputCount] = &snap.InputSum, &snap.InputCount
-	latencyCounters[iRequests], latencyCounters[iErrors] = &snap.Requests, &snap.Errors
+	p := newEPPPage(pool)
 	_, err := expo.Scan(body, eppNames.Has, func(s *expo.Sample) {
 		// Counts and gauges of load are finite and never negative; a line
 		// that says otherwise is dropped rather than published.
 		if math.IsNaN(s.Value) || math.IsInf(s.Value, 0) || s.Value < 0 {
 			return
 		}
-		i := eppNames.Index(s.Name)
-		switch i {
+		switch i := eppNames.Index(s.Name); i {
 		case iReady, iReadyLegacy, iRunning, iRunningLegacy, iQueue, iQueueLegacy, iKV, iKVLegacy, iStdDevKV, iPerEndpoint, iPerPod:
-			name, _ := s.Label("name")
-			if i == iReady || i == iReadyLegacy {
-				pools[string(name)] = true
-			}
-			if pool != "" && string(name) != pool {
-				return
-			}
-			gauges[i].add(s.Value)
-			if i == iPerEndpoint || i == iPerPod {
-				units = true
-			}
-			rows = append(rows, rowOf(s, i))
+			p.poolSample(s, i)
 		case iFlow:
-			p, ok := s.Label("inference_pool")
-			if pool != "" && (!ok || string(p) != pool) {
-				return
-			}
-			flow += s.Value
-			gauges[i].add(s.Value)
+			p.flowSample(s)
 		case iInflight:
-			producer, _ := s.Label("producer_name")
-			ns, _ := s.Label("namespace")
-			ep, _ := s.Label("endpoint_name")
-			namespaces[string(ns)] = true
-			m := inflight[string(producer)]
-			if m == nil {
-				m = map[[2]string]float64{}
-				inflight[string(producer)] = m
-			}
-			m[[2]string{string(ns), string(ep)}] += s.Value
-		case iTTFTBucket:
-			if st, _ := s.Label("streaming"); string(st) == "true" {
-				le, _ := s.Label("le")
-				if bound, err := parseBound(le); err == nil {
-					snap.AddTTFTBucket(bound, s.Value)
-					haveLat = true
-				}
-			}
-		case iTTFTSum, iTTFTCount:
-			if st, _ := s.Label("streaming"); string(st) == "true" {
-				*latencyCounters[i] += s.Value
-				haveLat = true
-			}
-		case iTPOTSum, iTPOTCount, iInputSum, iInputCount, iRequests, iErrors:
-			*latencyCounters[i] += s.Value
-			haveLat = true
+			p.inflightSample(s)
+		default:
+			p.latencySample(s, i)
 		}
 	})
 	if err != nil {
 		return nil, &Error{ClassParse, err}
 	}
-	r := &Reading{Source: SourceMetrics, Result: ResultSuccess, UnitsReporting: units}
-	r.MultiPool = len(pools) > 1 || len(namespaces) > 1
-	if g := first(&gauges[iReady], &gauges[iReadyLegacy]); g != nil {
+	return p.reading(), nil
+}
+
+// eppPage accumulates what one scan of an EPP exposition says about pool.
+type eppPage struct {
+	pool       string
+	gauges     [nEPPNames]poolGauge
+	pools      map[string]bool // every pool that reports readiness
+	namespaces map[string]bool // every namespace an in-flight producer reports
+	inflight   map[string]map[[2]string]float64
+	flow       float64
+	rows       []signals.Row
+	units      bool // per-endpoint queues seen: the pool's units report
+	latency    latency.Snapshot
+	haveLat    bool
+	// counters points each latency counter's index at the field of latency
+	// it sums into.
+	counters [nEPPNames]*float64
+}
+
+func newEPPPage(pool string) *eppPage {
+	p := &eppPage{pool: pool, pools: map[string]bool{}, namespaces: map[string]bool{}, inflight: map[string]map[[2]string]float64{}}
+	l := &p.latency
+	p.counters[iTTFTSum], p.counters[iTTFTCount] = &l.TTFTSum, &l.TTFTCount
+	p.counters[iTPOTSum], p.counters[iTPOTCount] = &l.TPOTSum, &l.TPOTCount
+	p.counters[iInputSum], p.counters[iInputCount] = &l.InputSum, &l.InputCount
+	p.counters[iRequests], p.counters[iErrors] = &l.Requests, &l.Errors
+	return p
+}
+
+// poolSample takes a pool gauge (label name) of the pool, relayed as a row.
+func (p *eppPage) poolSample(s *expo.Sample, i int) {
+	name, _ := s.Label("name")
+	if i == iReady || i == iReadyLegacy {
+		p.pools[string(name)] = true
+	}
+	if p.pool != "" && string(name) != p.pool {
+		return
+	}
+	p.gauges[i].add(s.Value)
+	if i == iPerEndpoint || i == iPerPod {
+		p.units = true
+	}
+	p.rows = append(p.rows, rowOf(s, i))
+}
+
+// flowSample sums the flow-control queue of the pool (label inference_pool)
+// over its fairness and priority partitions.
+func (p *eppPage) flowSample(s *expo.Sample) {
+	if pl, ok := s.Label("inference_pool"); p.pool != "" && (!ok || string(pl) != p.pool) {
+		return
+	}
+	p.flow += s.Value
+	p.gauges[iFlow].add(s.Value)
+}
+
+// inflightSample records one producer's in-flight count for one endpoint.
+func (p *eppPage) inflightSample(s *expo.Sample) {
+	producer, _ := s.Label("producer_name")
+	ns, _ := s.Label("namespace")
+	ep, _ := s.Label("endpoint_name")
+	p.namespaces[string(ns)] = true
+	m := p.inflight[string(producer)]
+	if m == nil {
+		m = map[[2]string]float64{}
+		p.inflight[string(producer)] = m
+	}
+	m[[2]string{string(ns), string(ep)}] += s.Value
+}
+
+// latencySample adds a latency histogram bucket or counter; time to first
+// token counts streaming requests only.
+func (p *eppPage) latencySample(s *expo.Sample, i int) {
+	if i == iTTFTBucket || i == iTTFTSum || i == iTTFTCount {
+		if st, _ := s.Label("streaming"); string(st) != "true" {
+			return
+		}
+	}
+	if i == iTTFTBucket {
+		le, _ := s.Label("le")
+		bound, err := parseBound(le)
+		if err != nil {
+			return
+		}
+		p.latency.AddTTFTBucket(bound, s.Value)
+	} else {
+		*p.counters[i] += s.Value
+	}
+	p.haveLat = true
+}
+
+// reading concludes the page: readiness (current name, else legacy), load,
+// the relayed rows and latency.
+func (p *eppPage) reading() *Reading {
+	r := &Reading{Source: SourceMetrics, Result: ResultSuccess, UnitsReporting: p.units}
+	r.MultiPool = len(p.pools) > 1 || len(p.namespaces) > 1
+	if g := first(&p.gauges[iReady], &p.gauges[iReadyLegacy]); g != nil {
 		r.Ready = readiness.Known(g.value)
 	} else {
 		r.Result = ResultNoSeries
 		r.Missing = "metrics reachable, but no " + signals.EPPReadyEndpoints + " or " + signals.LegacyReadyPods + " series"
-		if pool != "" {
-			r.Missing += " for poolName " + pool
+		if p.pool != "" {
+			r.Missing += " for poolName " + p.pool
 		}
 	}
-	if g := first(&gauges[iRunning], &gauges[iRunningLegacy]); g != nil {
+	if g := first(&p.gauges[iRunning], &p.gauges[iRunningLegacy]); g != nil {
 		r.Load.AverageRunning = &g.value
 	}
-	if g := first(&gauges[iQueue], &gauges[iQueueLegacy]); g != nil {
+	if g := first(&p.gauges[iQueue], &p.gauges[iQueueLegacy]); g != nil {
 		r.Load.AverageQueue = &g.value
 	}
-	r.Load.FlowControl = flow
-	if !r.MultiPool && len(inflight) > 0 {
-		count := eppInflight(inflight)
+	r.Load.FlowControl = p.flow
+	if !r.MultiPool && len(p.inflight) > 0 {
+		count := eppInflight(p.inflight)
 		r.Load.EPPCount = &count
 	}
-	if gauges[iFlow].found {
+	r.Rows = p.rows
+	if p.gauges[iFlow].found {
 		// One row per pool, the sum over fairness and priority partitions: the
 		// relay stays bounded however many flows a client invents.
-		row := signals.Row{Name: signals.EPPFlowControlQueue, Value: flow}
-		if pool != "" {
-			row.Labels = []signals.Label{{Name: "inference_pool", Value: pool}}
+		row := signals.Row{Name: signals.EPPFlowControlQueue, Value: p.flow}
+		if p.pool != "" {
+			row.Labels = []signals.Label{{Name: "inference_pool", Value: p.pool}}
 		}
-		rows = append(rows, row)
+		r.Rows = append(r.Rows, row)
 	}
-	r.Rows = rows
-	if haveLat {
-		r.Latency = &snap
+	if p.haveLat {
+		r.Latency = &p.latency
 	}
-	return r, nil
+	return r
 }
 
 // eppInflight sums, per endpoint, the largest count any producer reports.

@@ -160,33 +160,20 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, hop bool) 
 	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
+// serveAPI answers one OpenAI API request: read the body, find the model,
+// pick a site from the snapshot, proxy (with one retry elsewhere when
+// nothing reached the upstream). Every outcome is counted by its label in
+// grid_gateway_request_duration_seconds.
 func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	start := g.clk.Now()
 	g.touch()
 	outcome := "routed"
 	defer func() { g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds()) }()
 
-	// The body is read under a deadline, lifted once it is in: a client
-	// that trickles its body must not hold a connection forever, and a
-	// stream that follows must not be cut by it. Deadlines are wall time,
-	// whatever clock the routing runs on.
-	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(g.cfg.Load().Limits.BodyReadTimeout.D()))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	rc.SetReadDeadline(time.Time{})
-	if err != nil {
-		var tooBig *http.MaxBytesError
+	body, refusal := g.readBody(w, r)
+	if refusal != nil {
 		outcome = "bad_request"
-		if errors.As(err, &tooBig) {
-			errTooLarge.write(w, 0)
-			return
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			w.Header().Set("Connection", "close")
-			errBodyTimeout.write(w, 0)
-			return
-		}
-		errBadBody.write(w, 0)
+		refusal.write(w, 0)
 		return
 	}
 	model := r.Header.Get(headerModel)
@@ -210,7 +197,35 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return
 	}
-	var tried *route.Candidate
+	outcome = g.proxy(w, r, body, snap, model, pick, turn)
+}
+
+// readBody reads the request body whole, bounded in size and, under a
+// deadline lifted once it is in, in time: a client that trickles its body
+// must not hold a connection forever, and a stream that follows must not be
+// cut by it. Deadlines are wall time, whatever clock the routing runs on.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(g.cfg.Load().Limits.BodyReadTimeout.D()))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	rc.SetReadDeadline(time.Time{})
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return body, nil
+	case errors.As(err, &tooBig):
+		return nil, &errTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		return nil, &errBodyTimeout
+	}
+	return nil, &errBadBody
+}
+
+// proxy forwards the request to the picked candidate and, when nothing
+// reached that upstream, once more to the best-ordered other candidate not
+// known to be down. It returns the request's outcome label.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64) string {
 	for attempt := 0; attempt < 2; attempt++ {
 		c := pick.Candidate
 		reason := "routed"
@@ -222,22 +237,18 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		retry := g.forward(w, r, body, c)
-		if !retry {
+		if retry := g.forward(w, r, body, c); !retry {
 			g.durations.observe(float64(g.clk.Now().Sub(began).Milliseconds()))
-			return
+			return "routed"
 		}
-		// Refused before any byte: once more, on the best-ordered other
-		// candidate that is not known to be down.
-		tried = c
 		g.m.retries.Inc()
-		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, tried)}
+		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, c)}
 		if pick.Candidate == nil {
 			break
 		}
 	}
-	outcome = "upstream_error"
 	errUpstreamUnreachable.write(w, turn)
+	return "upstream_error"
 }
 
 // alternative is the first candidate in snapshot order, other than tried,

@@ -279,7 +279,8 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 }
 
 // learn updates the candidate's capacity bounds and smoothed rho from a
-// reading with an in-flight count (reference §4.11 and the seed's bounds).
+// reading with an in-flight count (docs/protocol.md §4.3): the bounds, the
+// saturation read against them, and how long the candidate has been full.
 func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now int64, set Settings) {
 	key := c.Key()
 	prev := b.learned[key]
@@ -287,62 +288,10 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now 
 		prev = nil // a new provider identity: learning starts over
 	}
 	sampleAt := min(int64(r.SampledAt.V), now)
-	elapsed := 0.0
-	if prev != nil {
-		elapsed = float64(max(now-prev.atMs, 0))
-	}
-	decay := math.Pow(0.5, elapsed/set.CeilingHalfLifeMs)
-	decayed := 0.0
-	if prev != nil {
-		decayed = prev.soft * decay
-	}
-	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
-	taught := r.InFlight.V
-	if waiting || !v.Learnable {
-		taught = 0 // a queued sample, or one without a valid batch, teaches nothing
-	}
-	soft := max(decayed, taught, set.CeilingFloor)
-
-	var hard Opt
-	effective := soft
-	if !set.SingleCeiling {
-		if prev != nil && prev.hard.OK {
-			// The demonstrated limit is forgotten at the same pace the soft
-			// bound is: it grows back out by the half-life.
-			hard = some(prev.hard.V / decay)
-		}
-		if v.Learnable && recent.CongestedInFlight.OK && (!hard.OK || recent.CongestedInFlight.V < hard.V) {
-			hard = some(recent.CongestedInFlight.V)
-		}
-		if hard.OK && taught > hard.V {
-			hard = Opt{} // held more than the "limit" with nothing queued: it moved
-		}
-		if hard.OK {
-			effective = max(min(soft, hard.V), set.CeilingFloor)
-		}
-	}
-	raw := clamp01(r.InFlight.V / effective)
-	if !set.SingleCeiling && r.KV.OK {
-		// The nearer of the two to saturation.
-		raw = max(raw, clamp01(r.KV.V))
-	}
-	rho := raw
-	if prev != nil {
-		if prev.sampleAt == sampleAt {
-			rho = prev.rho
-		} else {
-			rho = prev.rho*(1-set.Smoothing) + raw*set.Smoothing
-		}
-	}
+	soft, hard, effective := learnBounds(prev, v.Learnable, r, recent, now, set)
+	raw, rho := saturation(prev, r, effective, sampleAt, set)
 	congested := recent.CongestedInFlight.OK && recent.CongestedInFlight.V >= effective
-	var fullSince Opt
-	if congested {
-		if prev != nil && now-prev.atMs <= set.WindowMs && prev.fullSince.OK {
-			fullSince = prev.fullSince
-		} else {
-			fullSince = some(float64(now))
-		}
-	}
+	fullSince := fullSince(prev, congested, now, set)
 	if recent.Queued.OK {
 		c.Full = tri(fullSince.OK && now-int64(fullSince.V) >= set.FullAfterMs)
 		c.Relieved = tri(!congested)
@@ -354,6 +303,75 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now 
 		c.latestAt = r.LatestAt
 		c.Predicted = r.LatestInFlight.V // interpreted against its age later
 	}
+}
+
+// learnBounds returns the soft bound (the most held with nothing queued,
+// decayed by the half-life), the hard bound (the least held at a
+// demonstrated limit, forgotten at the same pace) and the effective ceiling
+// the in-flight count is read against. A sample taken while requests waited,
+// or without a whole batch, teaches the soft bound nothing.
+func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, set Settings) (soft float64, hard Opt, effective float64) {
+	decay := 1.0
+	if prev != nil {
+		decay = math.Pow(0.5, float64(max(now-prev.atMs, 0))/set.CeilingHalfLifeMs)
+	}
+	decayed := 0.0
+	if prev != nil {
+		decayed = prev.soft * decay
+	}
+	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
+	taught := r.InFlight.V
+	if waiting || !learnable {
+		taught = 0
+	}
+	soft = max(decayed, taught, set.CeilingFloor)
+	if set.SingleCeiling {
+		return soft, Opt{}, soft
+	}
+	if prev != nil && prev.hard.OK {
+		// The demonstrated limit grows back out by the half-life.
+		hard = some(prev.hard.V / decay)
+	}
+	if learnable && recent.CongestedInFlight.OK && (!hard.OK || recent.CongestedInFlight.V < hard.V) {
+		hard = some(recent.CongestedInFlight.V)
+	}
+	if hard.OK && taught > hard.V {
+		hard = Opt{} // held more than the "limit" with nothing queued: it moved
+	}
+	if !hard.OK {
+		return soft, hard, soft
+	}
+	return soft, hard, max(min(soft, hard.V), set.CeilingFloor)
+}
+
+// saturation returns the reading's raw saturation against the effective
+// ceiling (the nearer to 1 of the in-flight ratio and the KV-cache mean,
+// under the two bounds) and its exponentially smoothed value, which moves
+// once per new sample.
+func saturation(prev *learned, r Reading, effective float64, sampleAt int64, set Settings) (raw, rho float64) {
+	raw = clamp01(r.InFlight.V / effective)
+	if !set.SingleCeiling && r.KV.OK {
+		raw = max(raw, clamp01(r.KV.V))
+	}
+	switch {
+	case prev == nil:
+		return raw, raw
+	case prev.sampleAt == sampleAt:
+		return raw, prev.rho
+	}
+	return raw, prev.rho*(1-set.Smoothing) + raw*set.Smoothing
+}
+
+// fullSince is when the candidate's current congested spell began, carried
+// across rebuilds while they stay within one load window of each other.
+func fullSince(prev *learned, congested bool, now int64, set Settings) Opt {
+	if !congested {
+		return Opt{}
+	}
+	if prev != nil && now-prev.atMs <= set.WindowMs && prev.fullSince.OK {
+		return prev.fullSince
+	}
+	return some(float64(now))
 }
 
 func clamp01(x float64) float64 { return max(0, min(1, x)) }
