@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/gateway"
 	"github.com/grid-inference/grid/internal/identity"
+	"golang.org/x/sync/errgroup"
 )
 
 func runGateway(ctx context.Context, args []string, e *env) error {
@@ -66,13 +66,10 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	log.Info("gateway started", "client", listeners[gateway.ClientListener].Addr().String(), "hop", listeners[gateway.HopListener].Addr().String(),
 		"metrics", listeners[gateway.MetricsListener].Addr().String(), "operator", cfg.Operator.Signals)
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
-	goRun(func() { gw.Run(runCtx) })
-	goRun(func() { id.Run(runCtx, cfg.TLS.ReloadInterval.D()) })
-	goRun(func() {
+	tasks, runCtx := errgroup.WithContext(ctx)
+	tasks.Go(func() error { gw.Run(runCtx); return nil })
+	tasks.Go(func() error { id.Run(runCtx, cfg.TLS.ReloadInterval.D()); return nil })
+	tasks.Go(func() error {
 		reloadOnHUP(runCtx, *file, func() error {
 			next, err := config.LoadGateway(*file)
 			if err != nil {
@@ -80,17 +77,10 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 			}
 			return gw.Reload(next)
 		}, gw.CountReload, e)
+		return nil
 	})
-	errs := make(chan error, len(servers))
 	for name, srv := range servers {
-		goRun(func() { errs <- serveUntilDone(runCtx, srv, listeners[name], e, *drain) })
+		tasks.Go(func() error { return serveUntilDone(runCtx, name.String(), srv, listeners[name], e, *drain) })
 	}
-	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errs:
-	}
-	cancel()
-	wg.Wait()
-	return first
+	return tasks.Wait()
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/membership"
 	"github.com/grid-inference/grid/internal/operator"
+	"golang.org/x/sync/errgroup"
 )
 
 func runOperator(ctx context.Context, args []string, e *env) error {
@@ -103,19 +103,17 @@ func serveOperator(ctx context.Context, cfg *config.Operator, state *operator.St
 	srv, guarded := op.MetricsServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 	log.Info("operator started", "metrics", ln.Addr().String(), "providers", len(cfg.Providers), "peers", len(cfg.Peers), "publisher_epoch", op.Epoch())
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	goRun := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
-	goRun(func() { op.Run(runCtx) })
-	goRun(func() { reconfigure(runCtx, op) })
-	var signalsErr error
+	// The first task to fail ends them all; the operator returns once every
+	// one has.
+	tasks, runCtx := errgroup.WithContext(ctx)
+	tasks.Go(func() error { op.Run(runCtx); return nil })
+	tasks.Go(func() error { reconfigure(runCtx, op); return nil })
 	if id != nil {
 		log.Info("serving signals over mutual TLS", "addr", signalsLn.Addr().String(), "id", id.ID().String())
-		goRun(func() { id.Run(runCtx, cfg.TLS.ReloadInterval.D()) })
-		goRun(func() { op.RunPeers(runCtx) })
+		tasks.Go(func() error { id.Run(runCtx, cfg.TLS.ReloadInterval.D()); return nil })
+		tasks.Go(func() error { op.RunPeers(runCtx); return nil })
 		if cluster != nil {
-			goRun(func() {
+			tasks.Go(func() error {
 				cluster.Run(runCtx, func(members []membership.Member) {
 					peers := make([]config.Peer, len(members))
 					for i, mb := range members {
@@ -123,22 +121,13 @@ func serveOperator(ctx context.Context, cfg *config.Operator, state *operator.St
 					}
 					op.SetDiscovered(peers)
 				})
+				return nil
 			})
 		}
-		goRun(func() {
-			if err := op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, drain); err != nil {
-				signalsErr = err
-				cancel()
-			}
-		})
+		tasks.Go(func() error { return op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, drain) })
 	}
-	err = serveUntilDone(runCtx, srv, guarded, e, drain)
-	cancel()
-	wg.Wait()
-	if signalsErr != nil {
-		return signalsErr
-	}
-	return err
+	tasks.Go(func() error { return serveUntilDone(runCtx, "metrics", srv, guarded, e, drain) })
+	return tasks.Wait()
 }
 
 // reloadOnHUP calls apply on every SIGHUP until ctx ends. apply re-reads

@@ -43,25 +43,25 @@ func runSim(ctx context.Context, args []string, e *env) error {
 	defer cancel()
 	go s.Run(runCtx)
 	e.log.Info("sim serving", "kind", o.Kind, "addr", ln.Addr().String(), "model", o.Model, "endpoints", o.Endpoints, "slots", o.Slots)
-	return serveUntilDone(ctx, srv, ln, e, 10*time.Second)
+	return serveUntilDone(ctx, "sim", srv, ln, e, 10*time.Second)
 }
 
 // serveUntilDone serves until ctx ends, then drains: new connections are
 // refused, in-flight requests get up to drain to finish.
-func serveUntilDone(ctx context.Context, srv *http.Server, ln net.Listener, e *env, drain time.Duration) error {
+func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
+		return fmt.Errorf("%s listener: %w", name, err)
 	case <-ctx.Done():
 	}
-	e.log.Info("draining", "timeout", drain)
+	e.log.Info("draining", "listener", name, "timeout", drain)
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		srv.Close()
-		e.log.Warn("drain timed out; closed remaining connections", "err", err)
+		e.log.Warn("drain timed out; closed remaining connections", "listener", name, "err", err)
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
