@@ -80,7 +80,7 @@ func DecodeLoads(body []byte) (*loadsResponse, probeOutcome, string) {
 
 // engineLoad sums a load response over its DP ranks.
 func (r *loadsResponse) engineLoad() *EngineLoad {
-	e := &EngineLoad{Ranks: len(r.Loads)}
+	e := &EngineLoad{Ranks: len(r.Loads), Known: FieldWaitingUncached | FieldTokenUsage | FieldGenThroughput}
 	for _, l := range r.Loads {
 		e.Running += *l.NumRunningReqs
 		e.Waiting += *l.NumWaitingReqs
@@ -88,6 +88,7 @@ func (r *loadsResponse) engineLoad() *EngineLoad {
 		e.TokenUsage += l.TokenUsage
 		e.GenThroughput += l.GenThroughput
 		if d := l.Disaggregation; d != nil {
+			e.Known |= FieldDisaggregation
 			e.PrefillQueue += d.PrefillBootstrapQueueReqs + d.PrefillPreallocQueueReqs + d.PrefillInflightQueueReqs
 			e.DecodeQueue += d.DecodePreallocQueueReqs + d.DecodeTransferQueueReqs + d.DecodeRetractedQueueReqs
 		}
@@ -197,7 +198,11 @@ func ParseEngineMetrics(body []byte, kind string) (e *EngineLoad, ok bool, err e
 		if n[6] == 0 { // SMG detects the shape by its token_usage gauge
 			return nil, false
 		}
-		return &EngineLoad{Ranks: n[6], Running: sum[4], Waiting: sum[5], TokenUsage: mean(6), GenThroughput: sum[7]}, true
+		e := &EngineLoad{Known: FieldTokenUsage, Ranks: n[6], Running: sum[4], Waiting: sum[5], TokenUsage: mean(6), GenThroughput: sum[7]}
+		if n[7] > 0 {
+			e.Known |= FieldGenThroughput
+		}
+		return e, true
 	}
 	vllm := func() (*EngineLoad, bool) {
 		kv := 2
@@ -207,7 +212,7 @@ func ParseEngineMetrics(body []byte, kind string) (e *EngineLoad, ok bool, err e
 		if n[kv] == 0 { // without a KV gauge there is no vLLM load
 			return nil, false
 		}
-		return &EngineLoad{Ranks: n[kv], Running: sum[0], Waiting: sum[1], TokenUsage: mean(kv)}, true
+		return &EngineLoad{Known: FieldTokenUsage, Ranks: n[kv], Running: sum[0], Waiting: sum[1], TokenUsage: mean(kv)}, true
 	}
 	switch kind {
 	case "vllm":

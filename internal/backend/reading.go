@@ -81,9 +81,26 @@ func (l *Load) InFlight(ready readiness.Count) (float64, bool) {
 	return held + l.FlowControl, true
 }
 
+// EngineFields names the readings of an EngineLoad beyond running and
+// waiting, which not every source gives: /v1/loads gives all but the
+// disaggregation queues of an engine that does not disaggregate, vLLM's
+// /metrics only the token usage.
+type EngineFields uint8
+
+// The optional engine readings.
+const (
+	FieldWaitingUncached EngineFields = 1 << iota
+	FieldTokenUsage
+	FieldGenThroughput
+	FieldDisaggregation // PrefillQueue and DecodeQueue
+)
+
 // EngineLoad is what an engine reports beyond the pool contract, mostly
 // from /v1/loads, which /metrics cannot give.
 type EngineLoad struct {
+	// Known marks the optional readings the source gave; the others are
+	// unknown, not zero, and are not exported.
+	Known                 EngineFields
 	Ranks                 int
 	Running               float64
 	Waiting               float64

@@ -49,6 +49,7 @@ var (
 		"grid_signals_response_bytes":                 "",
 		"grid_signals_ingest_dropped_total":           "reason",
 		"grid_signals_feedback_failures_total":        "reason",
+		"grid_site_identity_expiry_timestamp_seconds": "",
 	}
 	// The gateway's help texts the reference gives word for word.
 	gatewayHelp = map[string]string{

@@ -127,6 +127,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	m := newMetrics()
+	m.reg.MustRegister(opts.Identity.ExpiryGauge())
 	own := route.NewOwnSends()
 	g := &Gateway{
 		clk: opts.Clock, log: opts.Logger, id: opts.Identity, m: m,

@@ -119,15 +119,23 @@ func (m *metrics) publish(s *route.Snapshot) {
 		}
 	}
 	m.published = seen
+	// Every model the snapshot routes has a shedding series from its first
+	// snapshot on, 0 until it sheds; a model no longer routed loses it.
+	models := map[string]bool{}
+	for _, model := range s.Models() {
+		models[model] = true
+		v := 0.0
+		if s.Shedding[model] {
+			v = 1
+		}
+		m.shedding.WithLabelValues(model).Set(v)
+	}
 	for model := range m.shedModels {
-		if !s.Shedding[model] {
-			m.shedding.WithLabelValues(model).Set(0)
+		if !models[model] {
+			m.shedding.DeleteLabelValues(model)
 		}
 	}
-	for model := range s.Shedding {
-		m.shedding.WithLabelValues(model).Set(1)
-	}
-	m.shedModels = s.Shedding
+	m.shedModels = models
 }
 
 // Registry is the gateway's metric registry, for embedding and tests.

@@ -5,9 +5,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestSnapshotJSONAndUI(t *testing.T) {
@@ -60,4 +62,32 @@ func gatewayWithEastPoolAt(t *testing.T, upstream string) *Gateway {
 	}, "\n")+"\n"), now, g.timeline.NowMs(), now, signals.Origin{Site: "east", Relay: true})
 	g.refresh()
 	return g
+}
+
+// TestSheddingSeriesFromTheStart: a model the gateway routes has its
+// grid_route_shedding series at 0 from the first snapshot on, so a
+// dashboard panel shows "not shedding" instead of nothing; the gateway
+// exports its identity's expiry as the operator does.
+func TestSheddingSeriesFromTheStart(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	if got := testutil.ToFloat64(g.m.shedding.WithLabelValues(sim.DefaultModel)); got != 0 {
+		t.Errorf("grid_route_shedding{model=%q} = %v before any shed, want 0", sim.DefaultModel, got)
+	}
+	if n := testutil.CollectAndCount(g.m.shedding); n != 1 {
+		t.Errorf("%d shedding series, want one per routed model", n)
+	}
+	mfs, err := g.m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "grid_site_identity_expiry_timestamp_seconds" {
+			if v := mf.GetMetric()[0].GetGauge().GetValue(); v < float64(time.Now().Unix()) {
+				t.Errorf("identity expiry %v is in the past", v)
+			}
+			return
+		}
+	}
+	t.Error("the gateway does not export grid_site_identity_expiry_timestamp_seconds")
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
@@ -171,6 +172,15 @@ func (s *Source) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bund
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.bundle, nil
+}
+
+// ExpiryGauge is grid_site_identity_expiry_timestamp_seconds, read at
+// scrape time so a renewal shows without a restart; operators and gateways
+// both export it.
+func (s *Source) ExpiryGauge() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "grid_site_identity_expiry_timestamp_seconds", Help: "Unix time the site certificate in use expires."},
+		func() float64 { return float64(s.Expiry().Unix()) })
 }
 
 // Expiry is when the current certificate expires.

@@ -159,11 +159,22 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(verdictDesc, prometheus.GaugeValue, 1, site, name, string(verdict.Reason), string(verdict.Status))
 		}
 		if engine != nil {
-			for key, v := range map[string]float64{
-				"waiting_uncached_tokens": engine.WaitingUncachedTokens, "token_usage": engine.TokenUsage,
-				"gen_throughput": engine.GenThroughput, "prefill_queue": engine.PrefillQueue, "decode_queue": engine.DecodeQueue,
+			// Only what the engine's source gave: an unknown reading is
+			// absent, never a 0 a dashboard would believe.
+			for _, x := range []struct {
+				field backend.EngineFields
+				key   string
+				v     float64
+			}{
+				{backend.FieldWaitingUncached, "waiting_uncached_tokens", engine.WaitingUncachedTokens},
+				{backend.FieldTokenUsage, "token_usage", engine.TokenUsage},
+				{backend.FieldGenThroughput, "gen_throughput", engine.GenThroughput},
+				{backend.FieldDisaggregation, "prefill_queue", engine.PrefillQueue},
+				{backend.FieldDisaggregation, "decode_queue", engine.DecodeQueue},
 			} {
-				ch <- prometheus.MustNewConstMetric(engineDescs[key], prometheus.GaugeValue, v, site, name)
+				if engine.Known&x.field != 0 {
+					ch <- prometheus.MustNewConstMetric(engineDescs[x.key], prometheus.GaugeValue, x.v, site, name)
+				}
 			}
 		}
 		return true

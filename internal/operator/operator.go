@@ -16,8 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/grid-inference/grid/internal/backend"
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
@@ -109,10 +107,7 @@ func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 	if o.id != nil {
 		o.poller = newPeerPoller(o)
 		o.poller.configure(cfg.Peers)
-		// Read at scrape time: a renewal shows without a restart.
-		o.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "grid_site_identity_expiry_timestamp_seconds", Help: "Unix time the site certificate in use expires."},
-			func() float64 { return float64(o.id.Expiry().Unix()) }))
+		o.m.reg.MustRegister(o.id.ExpiryGauge())
 	}
 	var err error
 	if o.reports, err = loadGatewayReports(cfg.StateDir, o.m.reg); err != nil {

@@ -215,6 +215,41 @@ func TestOperatorAgainstEachSimKind(t *testing.T) {
 	}
 }
 
+// TestEngineExtrasOnlyWhenKnown: the engine readings beyond running and
+// waiting are exported when the engine's source gave them and absent
+// otherwise: vLLM's /metrics gives the token usage only; SGLang's /v1/loads
+// gives them all (its disaggregation block is there, zero, on a unified
+// server).
+func TestEngineExtrasOnlyWhenKnown(t *testing.T) {
+	for _, tc := range []struct {
+		kind        string
+		have, lacks []string
+	}{
+		{sim.KindVLLM, []string{"grid_provider_engine_token_usage"},
+			[]string{"grid_provider_engine_waiting_uncached_tokens", "grid_provider_engine_gen_throughput_tokens_per_second", "grid_provider_engine_prefill_queue_requests", "grid_provider_engine_decode_queue_requests"}},
+		{sim.KindSGLang, []string{"grid_provider_engine_token_usage", "grid_provider_engine_waiting_uncached_tokens", "grid_provider_engine_gen_throughput_tokens_per_second",
+			"grid_provider_engine_prefill_queue_requests", "grid_provider_engine_decode_queue_requests"}, nil},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			b := startSim(t, sim.Options{Kind: tc.kind, Endpoints: 1, Slots: 2})
+			h := newHarness(t, providerConf("pool-a", tc.kind, b.URL))
+			h.pass()
+			h.pass()
+			got := h.scrapeMetrics()
+			for _, name := range tc.have {
+				if got[name] == nil {
+					t.Errorf("%s absent", name)
+				}
+			}
+			for _, name := range tc.lacks {
+				if got[name] != nil {
+					t.Errorf("%s exported though the engine's source does not give it", name)
+				}
+			}
+		})
+	}
+}
+
 // TestReadinessFollowsReadyEndpoints: the sim's readyEndpoints set to 0 with
 // no engine answering turns grid_provider_ready to 0 within three scrapes,
 // and back to 1 within two scrapes of recovery.
