@@ -127,7 +127,7 @@ func TestParseEPPLegacyAndMissing(t *testing.T) {
 	}
 }
 
-// TestInFlightRules are the worked cases of reference §4.4.
+// TestInFlightRules are the worked cases of docs/protocol.md §4.4.
 func TestInFlightRules(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	tests := []struct {

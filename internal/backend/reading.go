@@ -39,7 +39,7 @@ type Reading struct {
 	Engine *EngineLoad
 }
 
-// Load holds what in-flight is estimated from (reference §4.4).
+// Load holds what in-flight is estimated from (docs/protocol.md §4.4).
 type Load struct {
 	// EPPCount is the per-endpoint in-flight count: each endpoint's largest
 	// count across producers, summed. Nil when absent or multi-pool.

@@ -63,7 +63,7 @@ type OperatorRef struct {
 	Signals string `yaml:"signals"`
 }
 
-// Availability holds the snapshot knobs of reference §3.4. Key names follow
+// Availability holds the snapshot knobs of docs/protocol.md §3.4. Key names follow
 // the reference's filter block so that tuning guides apply unchanged.
 type Availability struct {
 	Shedding          bool     `yaml:"shedding"`

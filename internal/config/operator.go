@@ -63,7 +63,7 @@ type Listener struct {
 	Listen string `yaml:"listen"`
 }
 
-// PeerPoll tunes peer polling (reference §3.2).
+// PeerPoll tunes peer polling (docs/protocol.md §4.7).
 type PeerPoll struct {
 	// Timeout bounds one attempt, headers and body.
 	Timeout Duration `yaml:"timeout"`

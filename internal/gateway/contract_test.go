@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The series of reference §5 that Grid exports, with their labels. The
+// The series of docs/protocol.md §5 that Grid exports, with their labels. The
 // three it does not export (prefix affinity, serving-config reloads, model
 // discovery) are named, with the reason, in docs/gateway.md.
 var (
@@ -61,7 +61,7 @@ var (
 	}
 )
 
-// TestReferenceSeriesNames: every series of reference §5 that Grid exports
+// TestReferenceSeriesNames: every series of docs/protocol.md §5 that Grid exports
 // is registered under the reference's name with the reference's labels,
 // whether or not it has a sample yet (DESIGN: an external contract).
 func TestReferenceSeriesNames(t *testing.T) {

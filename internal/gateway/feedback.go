@@ -21,7 +21,7 @@ import (
 // never makes a poll fail.
 const feedbackTimeout = time.Second
 
-// reporter holds the rejection-report state machine (reference §4.14). It
+// reporter holds the rejection-report state machine (docs/protocol.md §4.14). It
 // lives as long as the process: poller and certificate reloads keep it.
 type reporter struct {
 	mu      sync.Mutex

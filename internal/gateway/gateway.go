@@ -228,7 +228,7 @@ func (g *Gateway) Run(ctx context.Context) {
 
 // sleep waits d, rebuilding the snapshot whenever passive health ejects an
 // upstream meanwhile, so an ejection takes effect at once rather than at
-// the next poll (reference §4.11's health-triggered rebuild). It reports
+// the next poll (docs/protocol.md §4.11's health-triggered rebuild). It reports
 // false when ctx ends.
 func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
 	t := g.clk.NewTimer(d)

@@ -13,7 +13,7 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// metrics are the gateway's series (reference §5.2).
+// metrics are the gateway's series (docs/protocol.md §5).
 type metrics struct {
 	reg              *prometheus.Registry
 	decisions        *prometheus.CounterVec

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,8 +32,17 @@ const (
 	headerBackend = "X-Grid-Backend"
 )
 
-// internalHeaders never pass from a client to an upstream.
-var internalHeaders = []string{"X-Ai-Routing-Candidate", "X-Ai-Routing-Request-Id", "X-Ai-Routing-Revision", headerSite, headerBackend}
+// stripInternal removes from a request every header of the namespaces Grid
+// and routing layers use among themselves, X-Grid-* and X-Ai-Routing-*: a
+// client must not be able to steer routing or forge provenance with them.
+// Keys are canonical here (the server canonicalised them).
+func stripInternal(h http.Header) {
+	for k := range h {
+		if strings.HasPrefix(k, "X-Grid-") || strings.HasPrefix(k, "X-Ai-Routing-") {
+			delete(h, k)
+		}
+	}
+}
 
 // MetricsConns bounds the metrics listener's open connections: a
 // Prometheus server and a dashboard or two hold a handful.
@@ -186,9 +196,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		errModelRequired.write(w, 0)
 		return
 	}
-	for _, h := range internalHeaders {
-		r.Header.Del(h)
-	}
+	stripInternal(r.Header)
 	g.waitFirst(r.Context())
 	snap := g.snapshot(hop)
 	turn := g.turn.Add(1)

@@ -119,19 +119,24 @@ func TestInternalHeadersAreStripped(t *testing.T) {
 	srv := httptest.NewServer(g.ClientHandler())
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"`+sim.DefaultModel+`"}`))
-	for _, h := range []string{"X-Grid-Site", "X-Grid-Backend", "X-Ai-Routing-Candidate", "X-Ai-Routing-Revision"} {
+	forged := []string{"X-Grid-Site", "X-Grid-Backend", "X-Grid-Anything-Else", "X-Ai-Routing-Candidate", "X-Ai-Routing-Revision", "x-ai-routing-new"}
+	for _, h := range forged {
 		req.Header.Set(h, "forged")
 	}
+	req.Header.Set("X-Gridlike", "kept") // not Grid's namespace
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	got := <-seen
-	for _, h := range []string{"X-Grid-Site", "X-Grid-Backend", "X-Ai-Routing-Candidate", "X-Ai-Routing-Revision"} {
+	for _, h := range forged {
 		if got.Get(h) != "" {
 			t.Errorf("%s reached the upstream: %q", h, got.Get(h))
 		}
+	}
+	if got.Get("X-Gridlike") != "kept" {
+		t.Error("a header outside Grid's namespaces was stripped")
 	}
 	if resp.Header.Get("X-Grid-Site") != "east" || resp.Header.Get("X-Grid-Backend") != "pool" {
 		t.Errorf("answer provenance: site %q backend %q", resp.Header.Get("X-Grid-Site"), resp.Header.Get("X-Grid-Backend"))

@@ -23,7 +23,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// Validity of what Init and Issue create (reference §3.1).
+// Validity of what Init and Issue create (docs/protocol.md §3.1).
 const (
 	caValidity   = 3650 * 24 * time.Hour
 	leafValidity = 365 * 24 * time.Hour

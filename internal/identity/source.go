@@ -229,7 +229,7 @@ func (s *Source) ClientTLS(site string) (*tls.Config, error) {
 // CallerClass is who is on the other end of a verified connection.
 type CallerClass int
 
-// Caller classes (reference §2.1).
+// Caller classes (docs/protocol.md §2.1).
 const (
 	// Refused is anything that is neither this site nor a site.
 	Refused CallerClass = iota

@@ -1,6 +1,6 @@
 // Package latency turns an EPP's cumulative request histograms and counters
 // into recent latency: TTFT p50/p90, mean TPOT and the error ratio over a
-// sliding window (reference §4.5). It also tells readiness when the engines
+// sliding window (docs/protocol.md §4.5). It also tells readiness when the engines
 // behind the EPP made progress.
 package latency
 

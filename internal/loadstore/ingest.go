@@ -13,8 +13,8 @@ type Result struct {
 }
 
 // Ingest stores the rows of a signals answer: the rows signals.Admit admits
-// (docs/protocol.md §3.1–§3.2) of the batches each key's fence admits
-// (§3.3), within the store caps. dateMs is the answer's Date, nowMs the
+// (docs/protocol.md §4.7) of the batches each key's fence admits
+// (§4.9), within the store caps. dateMs is the answer's Date, nowMs the
 // timeline now, wallMs the wall clock (for the epoch bound); origin says
 // who answered.
 func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.Origin) Result {
@@ -50,7 +50,7 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.
 }
 
 // admit applies the batch fence and the learning gate to one key's rows
-// (docs/protocol.md §3.3, §4.4). It reports whether the rows are stored.
+// (docs/protocol.md §4.9). It reports whether the rows are stored.
 func (e *entry) admit(g *signals.Group, wallMs int64, refused *signals.Tally) bool {
 	d, refusal, renewed := e.fence.Admit(g.Batch, wallMs)
 	switch d {

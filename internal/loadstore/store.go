@@ -1,7 +1,7 @@
 // Package loadstore is the gateway's store of load readings: per site and
 // provider, per metric, a short window of samples on the gateway's own
 // timeline. Poll and route meet here and only here: the poller ingests, the
-// snapshot builder reads (reference §4.8).
+// snapshot builder reads (docs/protocol.md §4.8).
 package loadstore
 
 import (
@@ -13,7 +13,7 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// Store caps (reference §3.3).
+// Store caps (docs/protocol.md §3.3).
 const (
 	MaxKeys            = 4096
 	MaxKeysPerSite     = 256

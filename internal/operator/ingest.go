@@ -8,7 +8,7 @@ import (
 
 // ingest keeps what a peer's answer may contribute: the rows signals.Admit
 // admits (attributed to the peer itself, within the contract bounds, of its
-// first 64 providers, with plausible ages; docs/protocol.md §3), of batches
+// first 64 providers, with plausible ages; docs/protocol.md §4.7), of batches
 // the fence admits. Kept rows are restamped on this operator's clock as now
 // minus their age, so clock offsets between sites never enter. Every
 // refusal is counted.

@@ -20,7 +20,7 @@ import (
 	"github.com/grid-inference/grid/internal/identity"
 )
 
-// Limits of the signals listener (reference §2.1).
+// Limits of the signals listener (docs/protocol.md §2.1).
 type Limits struct {
 	// MaxConns bounds open connections; ReservedLocal of them only the
 	// site's own gateway may hold.

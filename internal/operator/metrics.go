@@ -15,7 +15,7 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// metrics is the operator's Prometheus registry (reference §5.1).
+// metrics is the operator's Prometheus registry (docs/protocol.md §5).
 type metrics struct {
 	reg         *prometheus.Registry
 	scrapes     scrapeCounter

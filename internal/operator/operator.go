@@ -165,7 +165,7 @@ func (o *Operator) scrape(ctx context.Context, p *provider) {
 }
 
 // conclude folds one scrape into the provider's readiness, latency and load,
-// then publishes (reference §4.2 steps 4–6). Called with p.mu held.
+// then publishes (docs/protocol.md §4.2, §4.6). Called with p.mu held.
 func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err error) {
 	cfg := o.cfg.Load()
 	name := p.cfg.Name

@@ -6,7 +6,7 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// peerMetrics are the cross-site series of reference §5.1.
+// peerMetrics are the cross-site series of docs/protocol.md §5.
 type peerMetrics struct {
 	polls        *prometheus.CounterVec
 	duration     *prometheus.HistogramVec

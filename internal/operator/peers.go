@@ -230,7 +230,7 @@ func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState) {
 
 // backoff is the delay before retry k (k = 0 for the first): the base
 // doubled per retry up to 2^5, plus up to a quarter more, spread by the
-// peer's name so peers do not retry in step (reference §4.7).
+// peer's name so peers do not retry in step (docs/protocol.md §4.7).
 func backoff(base time.Duration, k int, site string) time.Duration {
 	scaled := base * time.Duration(1<<min(k, 5))
 	var spread uint32

@@ -20,7 +20,7 @@ import (
 const stateFile = "operator-state.json"
 
 // State is what an operator keeps across restarts so that receivers can
-// order its batches (reference §2.3, §4.9): the publisher-epoch high-water
+// order its batches (docs/protocol.md §2.3, §4.9): the publisher-epoch high-water
 // mark, and each provider's uid and config generation.
 type State struct {
 	path string

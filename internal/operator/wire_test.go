@@ -15,12 +15,12 @@ import (
 	"github.com/grid-inference/grid/internal/signals"
 )
 
-// TestLocalReadIsTheReferenceExample renders the worked example of
-// reference §2.1 (a Local read on site hub: one local provider, one relayed
-// peer provider) and compares it, headers and body, with the example as the
-// reference prints it (testdata/reference-local-read.txt).
-func TestLocalReadIsTheReferenceExample(t *testing.T) {
-	want, err := os.ReadFile("testdata/reference-local-read.txt")
+// TestLocalReadIsTheProtocolExample renders the worked example of
+// docs/protocol.md §2.1 (a Local read on site hub: one local provider, one
+// relayed peer provider) and compares it, headers and body, with the example
+// as printed there (testdata/local-read.txt).
+func TestLocalReadIsTheProtocolExample(t *testing.T) {
+	want, err := os.ReadFile("testdata/local-read.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +63,6 @@ func TestLocalReadIsTheReferenceExample(t *testing.T) {
 	got := fmt.Sprintf("HTTP/1.1 %d %s\ncontent-type: %s\nage: %s\ndate: %s\n\n%s",
 		rec.Code, http.StatusText(rec.Code), rec.Header().Get("Content-Type"), rec.Header().Get("Age"), rec.Header().Get("Date"), rec.Body.String())
 	if got != string(want) {
-		t.Errorf("Local read:\n%s\nwant (reference §2.1):\n%s", got, want)
+		t.Errorf("Local read:\n%s\nwant (docs/protocol.md §2.1):\n%s", got, want)
 	}
 }

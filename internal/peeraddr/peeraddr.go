@@ -1,5 +1,5 @@
 // Package peeraddr holds the rules for an address a peer advertises about
-// itself (reference §4.7 step 2): what may be dialled on a peer's say-so.
+// itself (docs/protocol.md §4.7 step 2): what may be dialled on a peer's say-so.
 package peeraddr
 
 import (
@@ -25,7 +25,7 @@ var blockedHosts = map[string]bool{
 }
 
 // blockedAddrs are metadata services that are neither loopback nor
-// link-local: Alibaba's and AWS's IPv6 one (reference §4.7 step 2).
+// link-local: Alibaba's and AWS's IPv6 one (docs/protocol.md §4.7 step 2).
 var blockedAddrs = []netip.Addr{
 	netip.MustParseAddr("100.100.100.200"),
 	netip.MustParseAddr("fd00:ec2::254"),
@@ -84,7 +84,7 @@ func checkAddr(raw string, a netip.Addr) error {
 	return nil
 }
 
-// checkHostname applies the DNS rules of reference §4.7: labels of 1–63
+// checkHostname applies the DNS rules of docs/protocol.md §4.7: labels of 1–63
 // characters of [A-Za-z0-9-], not starting or ending with '-', at most 253
 // in all, the last label not all digits (that would be a mangled IP).
 func checkHostname(raw, host string) error {

@@ -1,5 +1,5 @@
 // Package readiness decides whether a provider can serve, from the history
-// of its scrapes (reference §4.3): two-scrape streaks both ways, the 30s
+// of its scrapes (docs/protocol.md §4.3): two-scrape streaks both ways, the 30s
 // engine-progress window, drained-pool thaw, the stale window, and the
 // provider's own Unavailable flag. The verdict is published as
 // grid_provider_ready and explained by a reason.

@@ -66,7 +66,7 @@ func unit(turn, salt uint64) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Pick selects a candidate for model (docs/protocol.md §5) at nowMs on the
+// Pick selects a candidate for model (docs/protocol.md §4.12) at nowMs on the
 // store timeline. It reads the snapshot, which it never writes; under the
 // age-aware policy it also reads and counts this gateway's own sends in own
 // (nil: the board alone), decayed by nowMs. It allocates nothing.

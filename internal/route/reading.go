@@ -1,5 +1,5 @@
 // Package route turns the load store into routing decisions: it reads each
-// candidate site's load through its window (reference §4.10), learns
+// candidate site's load through its window (docs/protocol.md §4.10), learns
 // capacity and saturation, orders candidates and latches shedding into an
 // immutable snapshot built off the request path (§4.11), and picks a site
 // for each request from that snapshot alone (§4.12).
@@ -30,7 +30,7 @@ var (
 	kvNames      = []string{signals.EPPAverageKV, signals.LegacyAverageKV}
 )
 
-// Reading is what a site's samples say within a window (reference §4.10).
+// Reading is what a site's samples say within a window (docs/protocol.md §4.10).
 type Reading struct {
 	// SampledAt is the newest sample of any metric.
 	SampledAt Opt
@@ -162,7 +162,7 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {
 		r.Unready = true
 	}
-	// The operator's verdict excludes the same way (reference §7): a 0
+	// The operator's verdict excludes the same way (docs/protocol.md §7): a 0
 	// stands until something newer arrives. An operator that judges a
 	// provider unready (its scrapes time out, say) keeps publishing the
 	// verdict but no load rows, so this is the only ready series for an

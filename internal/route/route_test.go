@@ -102,7 +102,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
 // about is the examples' "≈": within a tenth.
 func about(a, b float64) bool { return math.Abs(a-b) < 0.1 }
 
-// The worked examples of reference §4.11.1.
+// The worked examples of docs/protocol.md §4.11.
 func TestWorkedExamples(t *testing.T) {
 	t.Run("1 first sample, decay, no new sample", func(t *testing.T) {
 		w := newWorld(t, "a")

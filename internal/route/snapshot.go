@@ -86,7 +86,7 @@ type Candidate struct {
 // Key returns the candidate's store key.
 func (c *Candidate) Key() loadstore.Key { return loadstore.Key{Site: c.Site, Provider: c.Provider} }
 
-// Settings are the availability knobs (reference §3.4).
+// Settings are the availability knobs (docs/protocol.md §3.4).
 type Settings struct {
 	Shedding          bool
 	Smoothing         float64
@@ -279,7 +279,7 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 }
 
 // learn updates the candidate's capacity bounds and smoothed rho from a
-// reading with an in-flight count (docs/protocol.md §4.3): the bounds, the
+// reading with an in-flight count (docs/protocol.md §4.11): the bounds, the
 // saturation read against them, and how long the candidate has been full.
 func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now int64, set Settings) {
 	key := c.Key()
@@ -392,7 +392,7 @@ func less(a, b float64) bool {
 	return a < b
 }
 
-// shed latches shedding per model (reference §4.11 step 10).
+// shed latches shedding per model (docs/protocol.md §4.11 step 7).
 func (b *Builder) shed(snap *Snapshot, set Settings) {
 	type group struct{ n, full, measured, relieved int }
 	groups := map[string]*group{}

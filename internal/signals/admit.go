@@ -8,7 +8,7 @@ import (
 
 // Refusal is why a receiver does not keep a row. Both receivers (an
 // operator reading a peer, a gateway reading its operator) decide with the
-// same rules (docs/protocol.md §3) and count each refusal once. Each side's
+// same rules (docs/protocol.md §4.7, §4.9) and count each refusal once. Each side's
 // metric spells the reason as the reference's series names it: see
 // PeerLabel and IngestLabel.
 type Refusal uint8
@@ -46,7 +46,7 @@ const (
 // refusalLabels spells each refusal in the two metrics that count them.
 // The peer spellings are grid_peer_signals_refused_total's, the ingest
 // spellings grid_signals_ingest_dropped_total's; both are part of the
-// external contract (docs/protocol.md §6), so where the two series named the
+// external contract (docs/protocol.md §5), so where the two series named the
 // same refusal differently each keeps its name: an out-of-bounds age is
 // "age" between operators and "skew" at the gateway, whose skew count is
 // the evidence it reports to its operator.
@@ -140,8 +140,8 @@ type Origin struct {
 	Relay bool
 }
 
-// Admit reads an answer and applies the row rules of docs/protocol.md §3.1
-// (grammar, attribution, contract bounds, age) and the provider cap of §3.2
+// Admit reads an answer and applies the row rules of docs/protocol.md §4.7
+// (grammar, attribution, contract bounds, age) and its provider cap
 // (the first MaxPeerProviders providers of each site in name order). It
 // returns the admitted groups in (site, provider) order and counts every
 // refused row in tally. A body that is not UTF-8 is refused whole: err is
@@ -225,7 +225,7 @@ func Admit(body []byte, dateMs int64, o Origin, tally *Tally) ([]Group, error) {
 }
 
 // Fence is the newest publication a receiver holds for one provider: the
-// batch ordering of docs/protocol.md §3.3. Its zero value holds nothing.
+// batch ordering of docs/protocol.md §4.9. Its zero value holds nothing.
 type Fence struct {
 	held Batch
 	set  bool

@@ -8,7 +8,7 @@ import (
 
 func TestRefusalLabels(t *testing.T) {
 	// The two series' reason vocabularies as the external contract names
-	// them (docs/protocol.md §6): changing one breaks dashboards.
+	// them (docs/protocol.md §5): changing one breaks dashboards.
 	want := map[Refusal][2]string{
 		RefuseParse:       {"parse", "parse"},
 		RefuseSite:        {"site", "site_mismatch"},
@@ -49,7 +49,7 @@ func meta(site, provider string, epoch, seq, samples, stamp int64) string {
 		`provider_uid="u"`, fmt.Sprintf(`publisher_epoch="%d"`, epoch))
 }
 
-// TestAdmit is docs/protocol.md §3.1–§3.2 as worked examples: each answer,
+// TestAdmit is docs/protocol.md §4.7 as worked examples: each answer,
 // who answered, what is kept and what is refused.
 func TestAdmit(t *testing.T) {
 	const date = 1_000_000
@@ -136,7 +136,7 @@ func TestAdmit(t *testing.T) {
 	})
 }
 
-// TestFence is docs/protocol.md §3.3 as a sequence of batches at one
+// TestFence is docs/protocol.md §4.9 as a sequence of batches at one
 // receiver.
 func TestFence(t *testing.T) {
 	const wall = 10_000_000

@@ -5,7 +5,7 @@ import (
 	"strconv"
 )
 
-// Bounds on what one site may publish (reference §3.2).
+// Bounds on what one site may publish (docs/protocol.md §3.2).
 const (
 	MaxPeerProviders = 64
 	// AgeAheadTolerance is how far past its Date a stamp may be: the Date

@@ -8,7 +8,7 @@ import (
 	"fmt"
 )
 
-// The gateway rejection-report channel (reference §2.7, docs/signals.md).
+// The gateway rejection-report channel (docs/protocol.md §2.7, docs/signals.md).
 const (
 	// FeedbackPath is where a gateway reports skew evidence to its operator.
 	FeedbackPath = "/v1/site/signals/feedback"

@@ -7,7 +7,7 @@ import (
 	"github.com/grid-inference/grid/internal/signals/expo"
 )
 
-// Limits of the wire grammar (reference §2.2).
+// Limits of the wire grammar (docs/protocol.md §2.2).
 const (
 	// MaxNameBytes bounds a metric name.
 	MaxNameBytes = 256

@@ -1,6 +1,6 @@
 // Package signals holds Grid's cross-site contract: the series a site
 // publishes about its providers, the attribution labels, the batch metadata
-// line, and the rendering of rows on the wire (reference §2.1–§2.3).
+// line, and the rendering of rows on the wire (docs/protocol.md §2.1–§2.3).
 package signals
 
 import (

@@ -27,7 +27,7 @@ const (
 	MaxLinesPerTarget = 4096
 )
 
-// Relay paging (docs/protocol.md §2.4): an answer to the Local caller that
+// Relay paging (docs/protocol.md §2.5): an answer to the Local caller that
 // the body bound cut names where the next page starts; the gateway passes it
 // back as the after parameter.
 const (
@@ -87,7 +87,7 @@ func ParseCursor(s string) (Cursor, bool) {
 // site's providers with the models they serve and their upstreams, and each
 // peer site's gateway. Everything in it comes from the operator's
 // configuration, never from a peer: a peer can describe its own load, not
-// redirect traffic (docs/protocol.md §2.5).
+// redirect traffic (docs/protocol.md §2.4).
 type Serving struct {
 	Site string `json:"site"`
 	// LoadWindowMs is how far back the gateway reads load: long enough to

@@ -1,4 +1,4 @@
-package layering
+package repocheck
 
 import (
 	"go/parser"
