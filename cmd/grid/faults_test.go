@@ -636,7 +636,11 @@ func rotateCertificates(t *testing.T, g *faultGrid) reliabilityRow {
 	}
 	eventually(t, "east's operator serves the renewed certificate", 10*time.Second, func() bool { return expiry() > oldExpiry })
 	took := time.Since(t0)
-	time.Sleep(3 * time.Second) // several polls on the renewed certificate
+	okPolls := func() float64 {
+		return sample(g.metricsOf("east", "gw"), "grid_signals_poll_total", `result="ok"`)
+	}
+	renewed := okPolls() // then several polls on the renewed certificate
+	eventually(t, "three polls of east's gateway on the renewed certificate", 15*time.Second, func() bool { return okPolls() >= renewed+3 })
 	all := append(eastClients.halt(), westClients.halt()...)
 	for _, o := range all {
 		if o.status != 200 {

@@ -15,6 +15,10 @@ type Clock interface {
 	// Now returns the current time. Real clocks carry a monotonic reading, so
 	// Sub between two Now values is immune to wall-clock steps.
 	Now() time.Time
+	// Monotonic is the time elapsed since an arbitrary origin on a clock
+	// that steps of the wall clock never move: what rules that must be
+	// immune to those steps measure elapsed time by.
+	Monotonic() time.Duration
 	// NewTimer returns a timer that fires once after d.
 	NewTimer(d time.Duration) Timer
 	// NewTicker returns a ticker that fires every d. Like time.Ticker it drops
@@ -42,6 +46,12 @@ type Real struct{}
 // Now implements Clock.
 func (Real) Now() time.Time { return time.Now() }
 
+// processStart carries the monotonic reading Real.Monotonic counts from.
+var processStart = time.Now()
+
+// Monotonic implements Clock: time.Since reads the monotonic clock.
+func (Real) Monotonic() time.Duration { return time.Since(processStart) }
+
 // NewTimer implements Clock.
 func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
 
@@ -65,6 +75,7 @@ func (r realTicker) Reset(d time.Duration) { r.t.Reset(d) }
 type Fake struct {
 	mu      sync.Mutex
 	now     time.Time
+	mono    time.Duration // advanced by Advance only
 	waiters []*fakeWaiter
 }
 
@@ -85,6 +96,22 @@ func (f *Fake) Now() time.Time {
 	return f.now
 }
 
+// Monotonic implements Clock: it moves with Advance, never with a wall step.
+func (f *Fake) Monotonic() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mono
+}
+
+// StepWall moves the wall reading by d, forwards or back, as an NTP step or
+// an operator's date command does: no time passes, so the monotonic reading
+// stays and no timer fires.
+func (f *Fake) StepWall(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+}
+
 // Advance moves the clock forward by d and fires every timer and ticker that
 // falls due, in time order. A ticker that falls due several times fires once,
 // as a real ticker does for a slow reader.
@@ -92,6 +119,7 @@ func (f *Fake) Advance(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.now = f.now.Add(d)
+	f.mono += d
 	for _, w := range f.waiters {
 		if !w.active || w.at.After(f.now) {
 			continue
@@ -110,8 +138,8 @@ func (f *Fake) Advance(d time.Duration) {
 	}
 }
 
-// Set moves the clock to t, which may be earlier than now (a wall-clock step).
-// Timers are not fired by a backwards step.
+// Set moves the clock to t. Forwards it is Advance; backwards it is a wall
+// step (StepWall): no timer fires and the monotonic reading stays.
 func (f *Fake) Set(t time.Time) {
 	f.mu.Lock()
 	back := t.Before(f.now)

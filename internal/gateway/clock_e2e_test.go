@@ -20,6 +20,7 @@ type skewedClock struct{ offset atomic.Int64 }
 func (c *skewedClock) Now() time.Time                         { return time.Now().Add(time.Duration(c.offset.Load())) }
 func (c *skewedClock) NewTimer(d time.Duration) clock.Timer   { return clock.Real{}.NewTimer(d) }
 func (c *skewedClock) NewTicker(d time.Duration) clock.Ticker { return clock.Real{}.NewTicker(d) }
+func (c *skewedClock) Monotonic() time.Duration                 { return clock.Real{}.Monotonic() }
 
 // metric sums the samples of family whose labels hold every one of labels,
 // from a /metrics handler.
@@ -77,8 +78,16 @@ func TestPeerClockFaults(t *testing.T) {
 	} {
 		t.Run(phase.name, func(t *testing.T) {
 			westClock.offset.Store(int64(phase.offset))
-			// A scrape and two peer polls on the new clock.
-			time.Sleep(3 * time.Second)
+			// Two of east's polls of west on the new clock, and a poll of
+			// east's gateway after them.
+			polls := func() float64 {
+				return metric(east.op.Handler(), "grid_peer_poll_total", `peer="west"`, `outcome="ok"`)
+			}
+			gwPolls := func() float64 { return metric(east.gw.MetricsHandler(), "grid_signals_poll_total", `result="ok"`) }
+			from := polls()
+			waitUntil(t, 15*time.Second, "two polls of west", func() bool { return polls() >= from+2 })
+			from = gwPolls()
+			waitUntil(t, 10*time.Second, "a poll of east's gateway", func() bool { return gwPolls() >= from+1 })
 			skewBefore := metric(east.gw.MetricsHandler(), "grid_signals_ingest_dropped_total", `reason="skew"`)
 			refusedBefore := metric(east.op.Handler(), "grid_peer_signals_refused_total", `peer="west"`)
 			deadline := time.Now().Add(10 * time.Second)
@@ -98,7 +107,8 @@ func TestPeerClockFaults(t *testing.T) {
 					servedWest++
 				}
 			}
-			time.Sleep(2 * time.Second) // two more polls
+			from = gwPolls() // two more polls of east's gateway
+			waitUntil(t, 10*time.Second, "two more gateway polls", func() bool { return gwPolls() >= from+2 })
 			skew := metric(east.gw.MetricsHandler(), "grid_signals_ingest_dropped_total", `reason="skew"`) - skewBefore
 			refused := metric(east.op.Handler(), "grid_peer_signals_refused_total", `peer="west"`) - refusedBefore
 			t.Logf("west %s: %d of 40 requests served by west; rows refused after the step: %v at east's operator, %v skew drops at east's gateway", phase.name, servedWest, refused, skew)

@@ -189,6 +189,16 @@ func postChat(addr string, tokens int, stream bool) (*http.Response, string, err
 
 // warm sends requests until both sites have served one (each gateway polls
 // only while serving, and peers learn of each other through their operators).
+// waitUntil polls cond until it holds, failing the test after within.
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+	}
+}
+
 func warm(t *testing.T, s *site) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -456,8 +466,15 @@ func saturate(t *testing.T, policy string, least int) {
 			}
 		}()
 	}
-	// Give the gateway a scrape and a poll to read east's queue.
-	time.Sleep(3 * time.Second)
+	// Until the gateway has read east's queue (a scrape and a poll).
+	waitUntil(t, 10*time.Second, "east's gateway reads east's queue", func() bool {
+		for _, c := range east.gw.View().Sites {
+			if c.Site == "east" && c.Queue != nil && *c.Queue >= 1 {
+				return true
+			}
+		}
+		return false
+	})
 	probe := &http.Client{Timeout: 300 * time.Millisecond}
 	west := 0
 	for range 100 {

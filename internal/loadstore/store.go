@@ -29,18 +29,17 @@ const (
 // drops new rows nor ages held ones.
 type Timeline struct {
 	clk   clock.Clock
-	start time.Time
-	wall  int64
+	start time.Duration // the monotonic reading at start
+	wall  int64         // the wall clock at start, ms
 }
 
 // NewTimeline starts a timeline now.
 func NewTimeline(clk clock.Clock) *Timeline {
-	now := clk.Now()
-	return &Timeline{clk: clk, start: now, wall: now.UnixMilli()}
+	return &Timeline{clk: clk, start: clk.Monotonic(), wall: clk.Now().UnixMilli()}
 }
 
 // NowMs is the timeline's current reading in milliseconds.
-func (t *Timeline) NowMs() int64 { return t.wall + t.clk.Now().Sub(t.start).Milliseconds() }
+func (t *Timeline) NowMs() int64 { return t.wall + (t.clk.Monotonic() - t.start).Milliseconds() }
 
 // Sample is one reading on the timeline.
 type Sample struct {

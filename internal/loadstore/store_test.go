@@ -141,12 +141,33 @@ func TestWindowEviction(t *testing.T) {
 	}
 }
 
+// TestTimelineIgnoresWallSteps: the timeline moves with elapsed time only.
+// A wall step back an hour or forward a day (NTP, a date command) neither
+// moves it back, so held rows would look younger, nor forward, so they would
+// look older; the rows it stores keep their ages across the step.
 func TestTimelineIgnoresWallSteps(t *testing.T) {
-	clk := clock.NewFake(time.UnixMilli(1_000_000))
+	clk := clock.NewFake(time.UnixMilli(1_000_000_000))
 	tl := NewTimeline(clk)
+	s := New(time.Hour)
+	now := tl.NowMs()
+	s.Ingest([]byte(line(signals.InFlight, "e", "a", 3, 1_000_000_000-2000)), 1_000_000_000, now, now, signals.Origin{Site: "e", Relay: true})
 	clk.Advance(time.Second)
-	if tl.NowMs() != 1_001_000 {
-		t.Fatalf("now %d", tl.NowMs())
+	for _, step := range []time.Duration{-time.Hour, 24 * time.Hour, -24 * time.Hour} {
+		clk.StepWall(step)
+		if got := tl.NowMs(); got != 1_000_001_000 {
+			t.Fatalf("after a wall step of %v the timeline reads %d, want 1000001000", step, got)
+		}
+	}
+	if clk.Now().UnixMilli() == 1_000_001_000 {
+		t.Fatal("the wall clock did not step")
+	}
+	clk.Advance(time.Second)
+	if got := tl.NowMs(); got != 1_000_002_000 {
+		t.Fatalf("a second later the timeline reads %d, want 1000002000", got)
+	}
+	v, _ := s.View(Key{"e", "a"})
+	if got := tl.NowMs() - v.Series[signals.InFlight][0].At; got != 4000 {
+		t.Errorf("the row's age after the steps is %d ms, want 4000", got)
 	}
 }
 

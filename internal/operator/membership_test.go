@@ -202,13 +202,19 @@ func TestMembershipGossipIsOnlyAClaim(t *testing.T) {
 }
 
 // TestMembershipWrongKeyIsNotAMember: a member with another gossip key
-// never joins.
+// never joins, while one with the right key, started after it with the
+// same seed, does (the control: the wrong key, not too short a wait, keeps
+// it out).
 func TestMembershipWrongKeyIsNotAMember(t *testing.T) {
-	dir := pki(t, "s1", "s2")
-	s1 := startGossipSite(t, dir, "s1", []byte("0123456789abcdef"), "127.0.0.1:0", nil)
+	dir := pki(t, "s1", "s2", "s3")
+	key := []byte("0123456789abcdef")
+	s1 := startGossipSite(t, dir, "s1", key, "127.0.0.1:0", nil)
 	s2 := startGossipSite(t, dir, "s2", []byte("fedcba9876543210"), "127.0.0.1:0", []string{s1.gossipAddr})
-	time.Sleep(2 * time.Second)
-	if p := s1.polling(); len(p) != 0 {
+	s3 := startGossipSite(t, dir, "s3", key, "127.0.0.1:0", []string{s1.gossipAddr})
+	waitFor(t, 10*time.Second, "s3, with the right key, is polled by s1 and polls it", func() bool {
+		return slices.Contains(s1.polling(), "s3") && slices.Contains(s3.polling(), "s1")
+	})
+	if p := s1.polling(); slices.Contains(p, "s2") {
 		t.Errorf("s1 polls %v: a member with another key got in", p)
 	}
 	if p := s2.polling(); len(p) != 0 {

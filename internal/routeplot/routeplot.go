@@ -81,6 +81,38 @@ func panel(t routesim.Table, stat string) (*plot.Plot, error) {
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	p.Add(plotter.NewGrid())
+	for _, s := range series(t, stat) {
+		line, points, err := plotter.NewLinePoints(s.points)
+		if err != nil {
+			return nil, fmt.Errorf("routeplot: %s %s: %w", t.Scenario.Name, s.policy, err)
+		}
+		policy := s.policy
+		line.Color, points.Color = palette[policy], palette[policy]
+		line.Width = vg.Points(1.2)
+		if policy == routesim.AgeAware || policy == routesim.Oracle {
+			line.Width = vg.Points(2.5)
+		}
+		points.Shape = draw.CircleGlyph{}
+		points.Radius = vg.Points(2)
+		p.Add(line, points)
+		p.Legend.Add(policy, line, points)
+	}
+	// Headroom above the lines for the legend: the panel's top third.
+	p.Y.Min = math.Min(p.Y.Min, 1)
+	p.Y.Max = p.Y.Min * math.Pow(p.Y.Max/p.Y.Min, 1.6)
+	return p, nil
+}
+
+// line is one policy's points in a panel.
+type line struct {
+	policy string
+	points plotter.XYs
+}
+
+// series lists, in the harness's policy order, each policy's statistic
+// against the readings' age; a value a log axis cannot show is left out.
+func series(t routesim.Table, stat string) []line {
+	var out []line
 	for _, policy := range routesim.Policies {
 		res, ok := t.Results[policy]
 		if !ok {
@@ -96,24 +128,9 @@ func panel(t routesim.Table, stat string) (*plot.Plot, error) {
 				pts = append(pts, plotter.XY{X: t.Ages[k], Y: v})
 			}
 		}
-		line, points, err := plotter.NewLinePoints(pts)
-		if err != nil {
-			return nil, fmt.Errorf("routeplot: %s %s: %w", t.Scenario.Name, policy, err)
-		}
-		line.Color, points.Color = palette[policy], palette[policy]
-		line.Width = vg.Points(1.2)
-		if policy == routesim.AgeAware || policy == routesim.Oracle {
-			line.Width = vg.Points(2.5)
-		}
-		points.Shape = draw.CircleGlyph{}
-		points.Radius = vg.Points(2)
-		p.Add(line, points)
-		p.Legend.Add(policy, line, points)
+		out = append(out, line{policy, pts})
 	}
-	// Headroom above the lines for the legend: the panel's top third.
-	p.Y.Min = math.Min(p.Y.Min, 1)
-	p.Y.Max = p.Y.Min * math.Pow(p.Y.Max/p.Y.Min, 1.6)
-	return p, nil
+	return out
 }
 
 // steps ticks a logarithmic axis at the given multiples of each power of
