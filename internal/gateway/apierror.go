@@ -32,12 +32,13 @@ var (
 	errUpstreamUnreachable = apiError{http.StatusBadGateway, "server_error", "upstream_unreachable", true, "the chosen site could not be reached"}
 	errUpstreamFailed      = apiError{http.StatusBadGateway, "server_error", "upstream_error", false, "the upstream failed to answer"}
 	errHopForbidden        = apiError{http.StatusForbidden, "permission_error", "forbidden", false, "only a grid site may forward requests here"}
+	errOperatorUnreachable = apiError{http.StatusServiceUnavailable, "server_error", "operator_unreachable", true, "the gateway has not read its site's operator yet"}
 )
 
 // apiErrors lists every refusal, for the documentation test.
 var apiErrors = []apiError{
 	errModelRequired, errBadBody, errTooLarge, errBodyTimeout, errShed, errNoHealthySite,
-	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden,
+	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden, errOperatorUnreachable,
 }
 
 // retryAfter spreads clients' retries over 3 to 7 seconds.

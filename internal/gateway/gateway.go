@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -35,6 +37,8 @@ import (
 // Bounds of the operator exchange.
 const (
 	pollTimeout = 2 * time.Second
+	// warnEvery spaces the WARNs of an operator that stays unreadable.
+	warnEvery = 30 * time.Second
 	// maxRelayPages bounds the pages of one poll cycle: the store's key
 	// cap fits in well under it.
 	maxRelayPages = 16
@@ -69,11 +73,24 @@ type Gateway struct {
 	// local is the hop view: this site's own candidates only.
 	local atomic.Pointer[route.Snapshot]
 
-	lastRequest atomic.Int64 // unix ns of the latest request
+	lastRequest atomic.Int64 // unix ns of the latest request (or of the start)
 	wake        chan struct{}
 	firstOnce   sync.Once
-	first       chan struct{} // closed after the first snapshot from a poll
-	turn        atomic.Uint64
+	first       chan struct{} // closed after the first successful poll
+	// lastRead is the unix ns of the latest successful poll, 0 before one.
+	lastRead atomic.Int64
+	// pollDone is closed, and replaced, at the end of every poll cycle.
+	pollDone atomic.Pointer[chan struct{}]
+	turn     atomic.Uint64
+	// refreshMu serialises refreshes: the poll loop's, and a request's
+	// that found the snapshot too old after a failed wake poll.
+	refreshMu sync.Mutex
+
+	// The poll loop's WARN state, under warnMu.
+	warnMu       sync.Mutex
+	failing      int // polls failed in a row
+	warnedResult string
+	warnedAt     time.Time
 
 	health *health
 	// ejected asks the poll loop for a rebuild after an ejection.
@@ -126,6 +143,17 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A certificate that does not verify as this site's (another site, a
+	// foreign CA) is an identity failure, not an unreachable operator:
+	// crypto/tls passes the verifier's error up unmarked, so mark it.
+	if verify := opTLS.VerifyPeerCertificate; verify != nil {
+		opTLS.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+			if err := verify(raw, chains); err != nil {
+				return &identityError{err}
+			}
+			return nil
+		}
+	}
 	m := newMetrics()
 	m.reg.MustRegister(opts.Identity.ExpiryGauge())
 	own := route.NewOwnSends()
@@ -155,6 +183,12 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	rand.Read(seed[:])
 	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step
 	g.local.Store(&route.Snapshot{})
+	done := make(chan struct{})
+	g.pollDone.Store(&done)
+	// A gateway polls from its start, as if a request had just come: it
+	// must read its operator to become ready (readyz), and it cannot be
+	// sent requests before it is ready.
+	g.lastRequest.Store(opts.Clock.Now().UnixNano())
 	return g, nil
 }
 
@@ -266,24 +300,14 @@ func (g *Gateway) Poll(ctx context.Context) {
 			}
 		}
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		g.m.polls.WithLabelValues(pollResult(err)).Inc()
-		g.log.Debug("operator poll failed", "result", pollResult(err), "err", err)
-		g.refresh()
-		// A failed poll observes nothing, but pending bad evidence is retried.
-		if g.rep.pendingBad() {
-			g.report(ctx, base)
-		}
-		return
+	skew, size := 0, 0
+	if err == nil {
+		skew, size = g.ingest(first, cfg.Site), len(first.body)
 	}
-	skew, size := g.ingest(first, cfg.Site), len(first.body)
-	// The rest of the relay. A page that fails ends the cycle with what
-	// was read; its rows are kept, and nothing is forgotten on a partial
-	// read.
-	for pages, next := 1, first.next; next != "" && err == nil; pages++ {
+	// The rest of the relay. A page that fails fails the whole poll: the
+	// rows read are kept, but nothing is forgotten and no clean observation
+	// is reported on a partial read.
+	for pages, next := 1, first.next; err == nil && next != ""; pages++ {
 		if pages == maxRelayPages {
 			err = &pollError{"too_large", fmt.Errorf("relay longer than %d pages", maxRelayPages)}
 			break
@@ -299,20 +323,62 @@ func (g *Gateway) Poll(ctx context.Context) {
 		return
 	}
 	if err != nil {
-		g.m.polls.WithLabelValues(pollResult(err)).Inc()
-		g.log.Warn("operator relay read in part", "result", pollResult(err), "err", err)
-	} else {
-		g.m.polls.WithLabelValues("ok").Inc()
-		g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
-		g.m.responseBytes.Set(float64(size))
-		g.forget(cfg)
+		g.pollFailed(err)
+		// Skew seen in the pages read is evidence; silence is not.
+		if skew > 0 {
+			g.rep.fold(skew)
+		}
+		g.refresh()
+		g.polled(false)
+		if g.rep.pendingBad() {
+			g.report(ctx, base)
+		}
+		return
 	}
+	g.m.polls.WithLabelValues("ok").Inc()
+	g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
+	g.m.responseBytes.Set(float64(size))
+	g.forget(cfg)
 	// Fold the observation before the refresh, so nothing that happens to
 	// the refresh can lose a skew drop.
 	g.rep.fold(skew)
 	g.refresh()
-	g.firstOnce.Do(func() { close(g.first) })
+	g.polled(true)
 	g.report(ctx, base)
+}
+
+// pollFailed counts a failed poll and says why at WARN: at once when reads
+// start failing or fail differently, then at most every warnEvery.
+func (g *Gateway) pollFailed(err error) {
+	result := pollResult(err)
+	g.m.polls.WithLabelValues(result).Inc()
+	now := g.clk.Now()
+	g.warnMu.Lock()
+	defer g.warnMu.Unlock()
+	g.failing++
+	if result != g.warnedResult || now.Sub(g.warnedAt) >= warnEvery {
+		g.log.Warn("cannot read the operator; routing on what was read before, which ages", "result", result,
+			"operator", g.cfg.Load().Operator.Signals, "failed_polls", g.failing, "err", err)
+		g.warnedResult, g.warnedAt = result, now
+	}
+}
+
+// polled marks the end of a poll cycle: a success records when and says so
+// if reads had been failing; either way, requests waiting for a fresh
+// snapshot (freshSnapshot) are woken.
+func (g *Gateway) polled(ok bool) {
+	if ok {
+		g.lastRead.Store(g.clk.Now().UnixNano())
+		g.firstOnce.Do(func() { close(g.first) })
+		g.warnMu.Lock()
+		if g.failing > 0 {
+			g.log.Info("operator read again", "operator", g.cfg.Load().Operator.Signals, "failed_polls", g.failing)
+		}
+		g.failing, g.warnedResult = 0, ""
+		g.warnMu.Unlock()
+	}
+	done := make(chan struct{})
+	close(*g.pollDone.Swap(&done))
 }
 
 // ingest stores one relay page, counts its refusals and returns its skew
@@ -344,6 +410,12 @@ func (g *Gateway) report(ctx context.Context, base string) {
 	}
 }
 
+// identityError marks a failed verification of the operator's certificate.
+type identityError struct{ err error }
+
+func (e *identityError) Error() string { return "operator identity: " + e.err.Error() }
+func (e *identityError) Unwrap() error { return e.err }
+
 type pollError struct {
 	result string
 	err    error
@@ -370,6 +442,11 @@ func (g *Gateway) fetch(ctx context.Context, url string) (fetched, error) {
 	}
 	resp, err := g.opClient.Do(req)
 	if err != nil {
+		var ie *identityError
+		var cve *tls.CertificateVerificationError
+		if errors.As(err, &ie) || errors.As(err, &cve) {
+			return fetched{}, &pollError{"unauthorized", err}
+		}
 		return fetched{}, &pollError{"unreachable", err}
 	}
 	defer resp.Body.Close()
@@ -448,6 +525,8 @@ func (g *Gateway) forget(cfg *config.Gateway) {
 
 // refresh rebuilds the snapshot and the hop view, and publishes gauges.
 func (g *Gateway) refresh() {
+	g.refreshMu.Lock()
+	defer g.refreshMu.Unlock()
 	cfg := g.cfg.Load()
 	set := settings(cfg, g.serving.Load())
 	set.MeanDurationMs = g.durations.meanMs()
@@ -468,21 +547,66 @@ func localView(s *route.Snapshot) *route.Snapshot {
 	return route.NewSnapshot(local, nil, s.BuiltAt)
 }
 
-// waitFirst waits, bounded, for the first snapshot after start.
-func (g *Gateway) waitFirst(ctx context.Context) {
+// freshSnapshot returns the snapshot a request routes on: one built within
+// the load window from a successful read of the operator. Before the first
+// read it waits, bounded, for it, and refuses with operator_unreachable if
+// it does not come. After an idle period (no polls, so the snapshot kept
+// the readings of its last build) it waits for the wake poll, up to the poll
+// timeout; if that poll fails, the snapshot is rebuilt now, so readings older
+// than the load window count as unknown (never idle) rather than as the
+// present. The common case is one atomic load and a comparison.
+func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot, *apiError) {
 	select {
 	case <-g.first:
-		return // the common case: no timer on the request path
 	default:
+		wait := max(3*g.cfg.Load().PollInterval.D(), 3*time.Second)
+		t := g.clk.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-g.first:
+		case <-t.C():
+			return nil, &errOperatorUnreachable
+		case <-ctx.Done():
+			return nil, &errOperatorUnreachable
+		}
 	}
-	wait := max(3*g.cfg.Load().PollInterval.D(), 3*time.Second)
-	t := g.clk.NewTimer(wait)
+	window := settings(g.cfg.Load(), g.serving.Load()).WindowMs
+	if g.timeline.NowMs()-g.builder.Current().BuiltAt <= window {
+		return g.snapshot(hop), nil
+	}
+	done := *g.pollDone.Load()
+	t := g.clk.NewTimer(pollTimeout)
 	defer t.Stop()
 	select {
-	case <-g.first:
+	case <-done:
 	case <-t.C():
 	case <-ctx.Done():
 	}
+	if g.timeline.NowMs()-g.builder.Current().BuiltAt > window {
+		g.refresh()
+	}
+	return g.snapshot(hop), nil
+}
+
+// Ready reports whether the gateway can route: it has read its operator,
+// and, while it polls, its latest successful read is within the load
+// window. An idle gateway stays ready: its next request wakes it and waits
+// for a fresh read (freshSnapshot).
+func (g *Gateway) Ready() (bool, string) {
+	last := g.lastRead.Load()
+	if last == 0 {
+		return false, "the operator has not been read yet (grid_signals_poll_total says why)"
+	}
+	cfg := g.cfg.Load()
+	now := g.clk.Now()
+	if now.Sub(time.Unix(0, g.lastRequest.Load())) > cfg.IdleAfter.D() {
+		return true, "idle"
+	}
+	window := time.Duration(settings(cfg, g.serving.Load()).WindowMs) * time.Millisecond
+	if age := now.Sub(time.Unix(0, last)); age > window {
+		return false, fmt.Sprintf("no successful read of the operator for %v (load window %v)", age.Round(time.Second), window)
+	}
+	return true, "ok"
 }
 
 // Snapshot is the current routing snapshot, for views such as the demo's.

@@ -146,7 +146,13 @@ func (g *Gateway) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ready, why := g.Ready()
+		if !ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		w.Write([]byte(why + "\n"))
+	})
 	mux.HandleFunc("GET /api/snapshot", g.serveView)
 	mux.HandleFunc("GET /ui", serveUI)
 	mux.Handle("GET /ui/", http.RedirectHandler("/ui", http.StatusMovedPermanently))

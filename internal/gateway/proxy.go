@@ -158,9 +158,13 @@ func (g *Gateway) snapshot(hop bool) *route.Snapshot {
 
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, hop bool) {
 	g.touch()
-	g.waitFirst(r.Context())
+	snap, refusal := g.freshSnapshot(r.Context(), hop)
+	if refusal != nil {
+		refusal.write(w, g.turn.Add(1))
+		return
+	}
 	var data []map[string]any
-	for _, m := range g.snapshot(hop).Models() {
+	for _, m := range snap.Models() {
 		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "grid"})
 	}
 	if data == nil {
@@ -197,9 +201,14 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	stripInternal(r.Header)
-	g.waitFirst(r.Context())
-	snap := g.snapshot(hop)
 	turn := g.turn.Add(1)
+	snap, refusal := g.freshSnapshot(r.Context(), hop)
+	if refusal != nil {
+		outcome = "not_ready"
+		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		refusal.write(w, turn)
+		return
+	}
 	pick := snap.Pick(model, turn, g.timeline.NowMs(), g.own)
 	if pick.Candidate == nil {
 		outcome = g.refusePick(w, pick.Outcome, turn)
