@@ -57,7 +57,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		// Connection caps apply at accept, before the hop's TLS handshake.
 		listeners[name] = gw.Guard(name, ln)
 	}
-	listeners[gateway.HopListener] = tls.NewListener(listeners[gateway.HopListener], id.ServerTLS())
+	listeners[gateway.HopListener] = tls.NewListener(listeners[gateway.HopListener], gateway.HopTLS(id))
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	servers := map[gateway.Listener]*http.Server{}
 	for _, name := range gateway.Listeners {

@@ -32,6 +32,22 @@ type Gateway struct {
 	Availability Availability `yaml:"availability"`
 	// Limits bound what clients and peer gateways may hold.
 	Limits GatewayLimits `yaml:"limits"`
+	// Upstream bounds the gateway's exchanges with where it sends requests:
+	// this site's providers and peer sites' gateways.
+	Upstream Upstream `yaml:"upstream"`
+}
+
+// Upstream bounds an attempt to deliver a request.
+type Upstream struct {
+	// ConnectTimeout bounds connecting to an upstream, TLS handshake
+	// included. Past it nothing reached the upstream, so the request is
+	// tried once elsewhere.
+	ConnectTimeout Duration `yaml:"connectTimeout"`
+	// ResponseHeaderTimeout bounds the wait for an upstream's response
+	// headers once the request was sent. An engine sends a non-streaming
+	// completion's headers only when the completion is done, so this must
+	// cover the longest completion plus its queueing.
+	ResponseHeaderTimeout Duration `yaml:"responseHeaderTimeout"`
 }
 
 // GatewayLimits bound the client and hop listeners, so that one source
@@ -117,6 +133,16 @@ const (
 	DefaultHopConnsPerSource = 256
 	DefaultBodyReadTimeout   = 30 * time.Second
 	DefaultHeaderReadTimeout = 10 * time.Second
+
+	// DefaultUpstreamConnectTimeout: a connection on a network between
+	// sites is made in well under a second; two leaves room for a loaded
+	// peer's handshake and stays short enough that a hung peer costs a
+	// client little before the request goes elsewhere.
+	DefaultUpstreamConnectTimeout = 2 * time.Second
+	// DefaultUpstreamResponseHeaderTimeout: a non-streaming completion of
+	// a few thousand tokens at tens of tokens per second, behind a queue,
+	// answers its headers after minutes.
+	DefaultUpstreamResponseHeaderTimeout = 5 * time.Minute
 )
 
 func (c *Gateway) applyDefaults() {
@@ -133,6 +159,8 @@ func (c *Gateway) applyDefaults() {
 	setInt(&c.Limits.HopConnsPerSource, DefaultHopConnsPerSource)
 	setDuration(&c.Limits.BodyReadTimeout, DefaultBodyReadTimeout)
 	setDuration(&c.Limits.HeaderReadTimeout, DefaultHeaderReadTimeout)
+	setDuration(&c.Upstream.ConnectTimeout, DefaultUpstreamConnectTimeout)
+	setDuration(&c.Upstream.ResponseHeaderTimeout, DefaultUpstreamResponseHeaderTimeout)
 	a := &c.Availability
 	setPtr(&a.Smoothing, DefaultSmoothing)
 	setPtr(&a.CeilingHalfLifeMs, DefaultCeilingHalfLifeMs)

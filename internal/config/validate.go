@@ -229,6 +229,8 @@ func (c *Gateway) validate(doc *document) error {
 	p.atLeast("limits.hopConns", c.Limits.HopConns, 0)
 	p.atLeast("limits.hopConnsPerSource", c.Limits.HopConnsPerSource, 0)
 	p.positive("limits.bodyReadTimeout", c.Limits.BodyReadTimeout)
+	p.positive("upstream.connectTimeout", c.Upstream.ConnectTimeout)
+	p.positive("upstream.responseHeaderTimeout", c.Upstream.ResponseHeaderTimeout)
 	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)
 	a := c.Availability
 	inRange := func(path string, v, lo, hi float64) {

@@ -224,7 +224,7 @@ func (g *Grid) startSite(ctx context.Context, specs []SiteSpec, all []addrs, i i
 	g.stops = append(g.stops, gw.Close)
 	g.run(func() { gw.Run(ctx) })
 	g.serve(ctx, a.clientLn, gw.ClientHandler())
-	g.serve(ctx, tls.NewListener(a.hopLn, id.ServerTLS()), gw.HopHandler())
+	g.serve(ctx, tls.NewListener(a.hopLn, gateway.HopTLS(id)), gw.HopHandler())
 	g.serve(ctx, a.gwMetLn, gw.MetricsHandler())
 	return s, nil
 }

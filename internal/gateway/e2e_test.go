@@ -157,7 +157,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		gdone := make(chan struct{})
 		go func() { s.gw.Run(gctx); close(gdone) }()
 		serve(t, s.lns["client"], s.gw.ClientHandler(), nil)
-		serve(t, s.lns["hop"], s.gw.HopHandler(), id.ServerTLS())
+		serve(t, s.lns["hop"], s.gw.HopHandler(), gateway.HopTLS(id))
 		t.Cleanup(func() { gcancel(); <-gdone; s.gw.Close() })
 	}
 	return sites

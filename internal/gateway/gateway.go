@@ -178,7 +178,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		}
 	})
 	g.cfg.Store(cfg)
-	g.upstreams = newUpstreams(opts.Identity)
+	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream)
 	var seed [8]byte
 	rand.Read(seed[:])
 	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step
@@ -217,8 +217,8 @@ func settings(cfg *config.Gateway, serving *signals.Serving) route.Settings {
 func (g *Gateway) Reload(next *config.Gateway) error {
 	cur := g.cfg.Load()
 	if next.Site != cur.Site || next.Listen != cur.Listen || next.Hop != cur.Hop || next.Metrics != cur.Metrics ||
-		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || *next.TLS != *cur.TLS {
-		return errors.New("site, trustDomain, tls, operator and listeners cannot change on reload; restart the gateway")
+		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || *next.TLS != *cur.TLS || next.Upstream != cur.Upstream {
+		return errors.New("site, trustDomain, tls, operator, upstream and listeners cannot change on reload; restart the gateway")
 	}
 	g.cfg.Store(next)
 	g.refresh()

@@ -33,6 +33,7 @@ type metrics struct {
 	feedbackFailures *prometheus.CounterVec
 	connsShed        *prometheus.CounterVec
 	ejections        *prometheus.CounterVec
+	upstreamErrors   *prometheus.CounterVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -58,7 +59,8 @@ func newMetrics() *metrics {
 		retries:          prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_upstream_retries_total", Help: "Requests retried on another site after a refused connection, before any byte was sent."}),
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
 		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop, metrics) and limit (total, source)."}, []string{"listener", "limit"}),
-		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: a refused connection, or five 5xx answers in a row."}, []string{"reason"}),
+		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
+		upstreamErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
 		published:        map[[2]string]bool{},
 		shedModels:       map[string]bool{},
 	}
@@ -84,7 +86,7 @@ func newMetrics() *metrics {
 		}
 	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -100,6 +102,9 @@ func (m *metrics) publish(s *route.Snapshot) {
 			continue
 		}
 		seen[k] = true
+		for _, f := range upstreamFailures {
+			m.upstreamErrors.WithLabelValues(c.Site, string(f)) // 0 from the start
+		}
 		m.score.WithLabelValues(k[0], k[1]).Set(c.Score)
 		if c.Measured {
 			m.rho.WithLabelValues(k[0], k[1]).Set(c.Rho)

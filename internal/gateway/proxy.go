@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +31,10 @@ const (
 	headerModel   = "X-Model"
 	headerSite    = "X-Grid-Site"
 	headerBackend = "X-Grid-Backend"
+	// headerNotDelivered, on a peer gateway's 502, says that none of its
+	// providers could be reached before any byte was sent: the entry
+	// gateway may send the request elsewhere (docs/gateway.md).
+	headerNotDelivered = "X-Grid-Not-Delivered"
 )
 
 // stripInternal removes from a request every header of the namespaces Grid
@@ -119,6 +124,15 @@ func (g *Gateway) Server(listener Listener, errLog *log.Logger) *http.Server {
 		panic("gateway: server for " + listener.String())
 	}
 	return srv
+}
+
+// HopTLS is the hop listener's TLS configuration: the site's mTLS server
+// configuration, offering HTTP/2 first, so that peer gateways reach this one
+// over HTTP/2 and its ping liveness check (upstream.go).
+func HopTLS(id *identity.Source) *tls.Config {
+	c := id.ServerTLS()
+	c.NextProtos = []string{"h2", "http/1.1"}
+	return c
 }
 
 // ClientHandler serves the OpenAI API to clients.
@@ -214,7 +228,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return
 	}
-	outcome = g.proxy(w, r, body, snap, model, pick, turn)
+	outcome = g.proxy(w, r, body, snap, model, pick, turn, hop)
 }
 
 // readBody reads the request body whole, bounded in size and, under a
@@ -240,29 +254,38 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 }
 
 // proxy forwards the request to the picked candidate and, when nothing
-// reached that upstream, once more to the best-ordered other candidate not
-// known to be down. It returns the request's outcome label.
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64) string {
-	for attempt := 0; attempt < 2; attempt++ {
+// reached that upstream or came back from it (docs/gateway.md, upstream
+// failures), once more to the best-ordered other candidate not known to be
+// down. It returns the request's outcome label. A request that came over
+// the hop and could not be delivered says so (headerNotDelivered), so the
+// entry gateway tries elsewhere as it would for a refused connection.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) string {
+	for try := 0; try < 2; try++ {
 		c := pick.Candidate
 		reason := "routed"
 		if pick.Outcome == route.Fallback {
 			reason = "fallback"
-		} else if attempt == 0 {
+		} else if try == 0 {
 			g.m.selections.WithLabelValues(pick.Path.String()).Inc()
 		}
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		if retry := g.forward(w, r, body, c); !retry {
+		switch g.forward(w, r, body, c) {
+		case delivered:
 			g.durations.observe(float64(g.clk.Now().Sub(began).Milliseconds()))
 			return "routed"
+		case failed:
+			return "upstream_error"
 		}
 		g.m.retries.Inc()
 		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, c)}
 		if pick.Candidate == nil {
 			break
 		}
+	}
+	if hop {
+		w.Header().Set(headerNotDelivered, "1")
 	}
 	errUpstreamUnreachable.write(w, turn)
 	return "upstream_error"
@@ -303,14 +326,34 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 	}
 }
 
-// forward proxies one attempt to c, streaming the answer through unbuffered.
-// It reports whether the attempt may be retried elsewhere: the upstream
-// refused the connection and nothing reached the client.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate) (retry bool) {
+// attempt is how one try to deliver a request ended.
+type attempt uint8
+
+const (
+	// delivered: the upstream answered, whatever the status, and the
+	// answer went to the client (or the client left).
+	delivered attempt = iota
+	// notSent: nothing reached the upstream, or nothing came back before
+	// its connection was lost, and nothing reached the client: the request
+	// may go elsewhere.
+	notSent
+	// failed: the upstream failed after the request reached it; the client
+	// got a 502, or its stream was cut.
+	failed
+)
+
+// errNotDelivered is a peer gateway's answer that it could not deliver a
+// forwarded request to any of its providers (headerNotDelivered).
+var errNotDelivered = errors.New("the peer gateway could not deliver the request to any of its providers")
+
+// forward proxies one attempt to c, streaming the answer through
+// unbuffered. Every failure is classified and counted
+// (grid_gateway_upstream_errors_total) and told to passive health.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate) (result attempt) {
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
 		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
-		return true
+		return notSent
 	}
 	tw := &trackingWriter{ResponseWriter: w}
 	rp := &httputil.ReverseProxy{
@@ -324,39 +367,126 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		FlushInterval: -1,
 		BufferPool:    bufferPool{},
 		ModifyResponse: func(resp *http.Response) error {
+			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
+				return errNotDelivered
+			}
 			g.health.answered(c, resp.StatusCode)
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
 			}
+			// A stream the upstream cuts is a failure of the upstream, seen
+			// only while the body is copied.
+			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(), failed: func(err error) {
+				g.upstreamFailed(c, upstreamStream, err)
+			}}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
-			if refused(err) {
-				g.health.failed(c)
-				if !tw.wrote {
-					retry = true
-					return
-				}
+			if req.Context().Err() != nil {
+				return // the client went away; nothing to answer or count
 			}
-			if errors.Is(err, context.Canceled) || req.Context().Err() != nil {
-				return // the client went away; nothing to answer
+			kind := classifyUpstream(err)
+			g.upstreamFailed(c, kind, err)
+			if kind.nothingSent() && !tw.wrote {
+				result = notSent
+				return
 			}
-			g.log.Debug("upstream error", "site", c.Site, "provider", c.Provider, "err", err)
+			result = failed
 			if !tw.wrote {
 				errUpstreamFailed.write(w, 0)
 			}
 		},
 	}
 	rp.ServeHTTP(tw, r)
-	return retry
+	return result
 }
 
-// refused reports a connection the upstream refused or could not accept:
-// no byte of the request reached it, so another site may take it.
-func refused(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial")
+// upstreamFailure classifies a failed attempt, the reason label of
+// grid_gateway_upstream_errors_total.
+type upstreamFailure string
+
+// The upstream failures. The first five mean nothing reached the upstream
+// or came back from it: the request may go elsewhere, and passive health
+// takes the upstream out at once. The others mean the upstream had the
+// request: they count toward passive health's streak of five.
+const (
+	upstreamRefused        upstreamFailure = "refused"         // connection refused or reset at connect
+	upstreamConnectTimeout upstreamFailure = "connect_timeout" // no connection within upstream.connectTimeout
+	upstreamTLS            upstreamFailure = "tls"             // handshake failed or timed out, or the wrong identity
+	upstreamNotDelivered   upstreamFailure = "not_delivered"   // a peer gateway's providers all refused it
+	upstreamLost           upstreamFailure = "connection_lost" // the connection died before any answer (a hop ping went unanswered)
+	upstreamResponse       upstreamFailure = "response_timeout"
+	upstreamStream         upstreamFailure = "stream" // the answer was cut after its headers
+	upstreamTransport      upstreamFailure = "transport"
+)
+
+var upstreamFailures = []upstreamFailure{upstreamRefused, upstreamConnectTimeout, upstreamTLS, upstreamNotDelivered,
+	upstreamLost, upstreamResponse, upstreamStream, upstreamTransport}
+
+func (f upstreamFailure) nothingSent() bool {
+	switch f {
+	case upstreamRefused, upstreamConnectTimeout, upstreamTLS, upstreamNotDelivered, upstreamLost:
+		return true
+	}
+	return false
+}
+
+// classifyUpstream reads a round trip's error.
+func classifyUpstream(err error) upstreamFailure {
+	var (
+		op     *net.OpError
+		alert  tls.AlertError
+		record tls.RecordHeaderError
+		cve    *tls.CertificateVerificationError
+	)
+	msg := err.Error()
+	switch {
+	case errors.Is(err, errNotDelivered):
+		return upstreamNotDelivered
+	case errors.As(err, &op) && op.Op == "dial":
+		if op.Timeout() {
+			return upstreamConnectTimeout
+		}
+		return upstreamRefused
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return upstreamRefused
+	case errors.As(err, &alert), errors.As(err, &record), errors.As(err, &cve), strings.Contains(msg, "TLS handshake timeout"):
+		return upstreamTLS
+	case strings.Contains(msg, "timeout awaiting response headers"):
+		return upstreamResponse
+	case strings.Contains(msg, "client connection lost"), strings.Contains(msg, "connection lost"):
+		return upstreamLost
+	}
+	return upstreamTransport
+}
+
+// upstreamFailed counts a failure and tells passive health.
+func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err error) {
+	g.m.upstreamErrors.WithLabelValues(c.Site, string(kind)).Inc()
+	g.log.Debug("upstream failure", "site", c.Site, "provider", c.Provider, "reason", kind, "err", err)
+	if kind.nothingSent() {
+		g.health.failed(c)
+		return
+	}
+	g.health.answered(c, http.StatusBadGateway)
+}
+
+// watchedBody reports the first error reading an upstream's answer, other
+// than its end or the client's leaving.
+type watchedBody struct {
+	io.ReadCloser
+	ctx    context.Context
+	failed func(error)
+	once   sync.Once
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.ctx.Err() == nil {
+		b.once.Do(func() { b.failed(err) })
+	}
+	return n, err
 }
 
 // trackingWriter notes whether anything reached the client.

@@ -7,40 +7,49 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/route"
 )
 
-// Upstream timeouts: connecting is bounded tightly; the answer may take as
-// long as the model needs (queueing included), and a stream as long as it
-// streams.
+// Keep-alive of the upstream pools.
 const (
-	dialTimeout           = 5 * time.Second
-	tlsHandshakeTimeout   = 5 * time.Second
-	responseHeaderTimeout = 5 * time.Minute
-	idleConnTimeout       = 90 * time.Second
+	idleConnTimeout = 90 * time.Second
+	// hopPingAfter and hopPingTimeout are the hop's liveness check: a peer
+	// gateway's connection that carried no frame for hopPingAfter is
+	// pinged, and closed when no answer comes within hopPingTimeout. The
+	// peer's HTTP/2 stack answers pings whatever its handlers are doing, so
+	// a slow model never looks dead; a hung or stopped peer process does,
+	// within about two seconds, instead of holding its requests for the
+	// response-header timeout.
+	hopPingAfter   = time.Second
+	hopPingTimeout = time.Second
 )
 
-// upstreams holds the keep-alive connection pools: one transport for this
-// site's providers, one mTLS transport per remote site's gateway.
+// upstreams holds the keep-alive connection pools: one HTTP/1.1 transport
+// for this site's providers, one HTTP/2 mTLS transport per remote site's
+// gateway.
 type upstreams struct {
-	id    *identity.Source
-	local *http.Transport
-
+	id     *identity.Source
+	limits config.Upstream
+	local  *http.Transport
 	mu     sync.Mutex
 	remote map[string]*http.Transport
 }
 
-func newUpstreams(id *identity.Source) *upstreams {
-	return &upstreams{id: id, local: newTransport(), remote: map[string]*http.Transport{}}
+func newUpstreams(id *identity.Source, limits config.Upstream) *upstreams {
+	return &upstreams{id: id, limits: limits, local: newTransport(limits), remote: map[string]*http.Transport{}}
 }
 
-func newTransport() *http.Transport {
+// newTransport is a pool bounded by limits: connecting (TLS included) by
+// the connect timeout, the wait for response headers by its own; a stream
+// runs as long as it streams.
+func newTransport(limits config.Upstream) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:   tlsHandshakeTimeout,
-		ResponseHeaderTimeout: responseHeaderTimeout,
+		DialContext:           (&net.Dialer{Timeout: limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   limits.ConnectTimeout.D(),
+		ResponseHeaderTimeout: limits.ResponseHeaderTimeout.D(),
 		IdleConnTimeout:       idleConnTimeout,
 		MaxIdleConnsPerHost:   256,
 		ForceAttemptHTTP2:     false,
@@ -48,7 +57,8 @@ func newTransport() *http.Transport {
 }
 
 // transport returns the pool for a candidate: a remote site's gateway is
-// dialled with this site's identity and must present exactly that site's.
+// dialled with this site's identity, must present exactly that site's, and
+// is spoken to over HTTP/2 with the ping liveness check.
 func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 	if c.Local {
 		return u.local, nil
@@ -62,8 +72,10 @@ func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := newTransport()
+	t := newTransport(u.limits)
 	t.TLSClientConfig = conf
+	t.ForceAttemptHTTP2 = true
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: hopPingAfter, PingTimeout: hopPingTimeout}
 	u.remote[c.Site] = t
 	return t, nil
 }

@@ -1,6 +1,11 @@
 package gateway
 
 import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,3 +73,33 @@ func TestPassiveHealth(t *testing.T) {
 		t.Error("the period grew past 30s")
 	}
 }
+
+// TestClassifyUpstream: each way a round trip fails is told apart, and only
+// those where nothing reached the upstream or came back may go elsewhere.
+func TestClassifyUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		err         error
+		want        upstreamFailure
+		nothingSent bool
+	}{
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, upstreamRefused, true},
+		{fmt.Errorf("proxy: %w", &net.OpError{Op: "dial", Err: timeoutError{}}), upstreamConnectTimeout, true},
+		{errors.New("net/http: TLS handshake timeout"), upstreamTLS, true},
+		{&tls.CertificateVerificationError{Err: errors.New("bad")}, upstreamTLS, true},
+		{fmt.Errorf("modify: %w", errNotDelivered), upstreamNotDelivered, true},
+		{errors.New("http2: client connection lost"), upstreamLost, true},
+		{errors.New("net/http: timeout awaiting response headers"), upstreamResponse, false},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, upstreamTransport, false},
+	} {
+		got := classifyUpstream(tc.err)
+		if got != tc.want || got.nothingSent() != tc.nothingSent {
+			t.Errorf("%v: %s (nothing sent %v), want %s (%v)", tc.err, got, got.nothingSent(), tc.want, tc.nothingSent)
+		}
+	}
+}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
