@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -352,8 +353,8 @@ type faultCase struct {
 	allowed map[int]string
 	// atMost, when set, bounds how many requests may get an allowed status.
 	atMost int
-	inject  func(g *faultGrid)
-	heal    func(g *faultGrid)
+	inject func(g *faultGrid)
+	heal   func(g *faultGrid)
 	// metric checks what the metrics say while the fault holds.
 	metric func(g *faultGrid) error
 }
@@ -544,8 +545,8 @@ func TestFaults(t *testing.T) {
 			metric: scrapeResult("east", "connect"),
 		},
 		{
-			name:     "a remote site's only backend killed (SIGKILL), restarted on its port",
-			expected: "east's gateway answers west's hop 502 not_delivered; west's gateway retries on west and ejects east; at most the request in flight fails",
+			name:      "a remote site's only backend killed (SIGKILL), restarted on its port",
+			expected:  "east's gateway answers west's hop 502 not_delivered; west's gateway retries on west and ejects east; at most the request in flight fails",
 			clientsAt: "west", excluded: "east", allowed: map[int]string{502: "the request in flight when the engine died"}, atMost: 1,
 			inject: func(g *faultGrid) { kill(g.sites["east"].sim) },
 			heal:   func(g *faultGrid) { g.startSim(g.sites["east"]) },
@@ -849,6 +850,62 @@ func TestEpochStateFaults(t *testing.T) {
 	if third <= second {
 		t.Errorf("after the state was deleted: epoch %d, not above %d", third, second)
 	}
+
+	metrics := freePort(t)
+	os.WriteFile(cfg, []byte(fmt.Sprintf("site: east\nstateDir: %s\nmetrics: {listen: %q}\n", state, metrics)), 0o600)
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + metrics + "/readyz")
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	t.Run("a second operator on the same stateDir", func(t *testing.T) {
+		op := start(t, "operator", "--config", cfg)
+		defer op.stop(t)
+		eventually(t, "the first operator is ready", 10*time.Second, func() bool { code, _ := readyz(); return code == 200 })
+		other := filepath.Join(dir, "other.yaml")
+		os.WriteFile(other, []byte(fmt.Sprintf("site: east\nstateDir: %s\nmetrics: {listen: %q}\n", state, freePort(t))), 0o600)
+		cmd := exec.Command(gridBinary, "operator", "--config", other)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "in use by another operator") || !strings.Contains(string(out), state) {
+			t.Errorf("a second operator on a held stateDir: %v\n%s", err, out)
+		}
+	})
+	t.Run("stateDir deleted while running", func(t *testing.T) {
+		op := start(t, "operator", "--config", cfg)
+		defer op.stop(t)
+		eventually(t, "the operator is ready", 10*time.Second, func() bool { code, _ := readyz(); return code == 200 })
+		os.RemoveAll(state)
+		eventually(t, "the state file is back", 10*time.Second, func() bool { _, err := os.Stat(file); return err == nil })
+		if !strings.Contains(op.output(), "stateDir was deleted") {
+			t.Errorf("no WARN about the deleted stateDir:\n%s", op.output())
+		}
+		if code, why := readyz(); code != 200 {
+			t.Errorf("readyz after the recreation: %d %s", code, why)
+		}
+	})
+	t.Run("publisher epoch an hour ahead of the clock", func(t *testing.T) {
+		ahead := time.Now().Add(time.Hour).UnixMilli()
+		os.WriteFile(file, []byte(fmt.Sprintf(`{"publisherEpoch": %d, "providers": {}}`, ahead)), 0o600)
+		op := start(t, "operator", "--config", cfg)
+		eventually(t, "the operator answers readyz", 10*time.Second, func() bool { code, _ := readyz(); return code != 0 })
+		code, why := readyz()
+		if code != http.StatusServiceUnavailable || !strings.Contains(why, file) || !strings.Contains(why, "--reset-publisher-epoch") {
+			t.Errorf("readyz with an epoch an hour ahead: %d %s", code, why)
+		}
+		eventually(t, "an ERROR naming the file", 5*time.Second, func() bool {
+			out := op.output()
+			return strings.Contains(out, "level=ERROR") && strings.Contains(out, file) && strings.Contains(out, strconv.FormatInt(ahead, 10))
+		})
+		op.stop(t)
+		// The documented recovery: once, with the flag.
+		op = start(t, "operator", "--config", cfg, "--reset-publisher-epoch")
+		defer op.stop(t)
+		eventually(t, "ready after the reset", 10*time.Second, func() bool { code, _ := readyz(); return code == 200 })
+	})
 }
 
 // stopPeerGateway stops east's gateway with SIGSTOP while west's clients
@@ -1043,9 +1100,10 @@ func gatewayBeforeOperator(t *testing.T, g *faultGrid) reliabilityRow {
 }
 
 // idleWake starts a second gateway for east that idles after 2 s, lets it
-// idle, makes west's provider unavailable (its operator and east's see it
-// at once; the idle gateway reads nothing), and sends a burst: no request
-// reaches west, because the woken gateway routes only on a fresh read.
+// idle, makes west's provider unavailable (west's operator and east's see
+// it within seconds; the idle gateway reads nothing), and sends a burst: no
+// request reaches west, because the woken gateway routes only on a fresh
+// read.
 func idleWake(t *testing.T, g *faultGrid) reliabilityRow {
 	s := g.sites["east"]
 	idle := &faultSite{name: "east", peer: "west", client: freePort(t), hop: freePort(t), gwMetrics: freePort(t), signals: s.signals}
@@ -1076,8 +1134,15 @@ func idleWake(t *testing.T, g *faultGrid) reliabilityRow {
 		time.Sleep(1500 * time.Millisecond)
 		return polls() == before
 	})
-	g.control("west", `{"readyEndpoints":0}`)
-	defer g.control("west", `{"readyEndpoints":2}`)
+	// West's provider stops answering its scrapes: past its stale window
+	// west's operator publishes it unready (ScrapeTimedOut).
+	g.control("west", `{"metricsHang":true}`)
+	defer func() {
+		g.control("west", `{"metricsHang":false}`)
+		for _, to := range []string{"east", "west"} {
+			g.waitReady("east", to, true, 30*time.Second)
+		}
+	}()
 	eventually(t, "east's operator holds west's provider unready", 15*time.Second, func() bool {
 		return sample(g.metricsOf("east", "op"), "grid_provider_ready", `grid_site="west"`) == 0
 	})

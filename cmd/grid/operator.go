@@ -23,6 +23,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	file := fs.String("config", "site.yaml", "operator configuration file")
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "how long in-flight requests get to finish on SIGTERM")
+	resetEpoch := fs.Bool("reset-publisher-epoch", false, "start the publisher epoch from this host's clock when the one in stateDir is more than 10 minutes ahead of it (the clock was once ahead); see docs/reliability.md before using it")
 	var k kubeFlags
 	fs.BoolVar(&k.enabled, "kubernetes", false, "read the configuration from this namespace's GridNetwork, GridSites, InferenceProviders and Secrets instead of --config (docs/operations.md)")
 	fs.StringVar(&k.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "with --kubernetes: the namespace to watch (default $POD_NAMESPACE)")
@@ -43,7 +44,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 		fmt.Fprintf(e.stdout, "%s: valid operator configuration for site %q (%d providers, %d peers)\n", *file, cfg.Site, len(cfg.Providers), len(cfg.Peers))
 		return nil
 	}
-	state, err := operator.OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers)
+	state, err := operator.OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers, operator.OpenOptions{ResetEpoch: *resetEpoch})
 	if err != nil {
 		return err
 	}

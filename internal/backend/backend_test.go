@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"
@@ -205,7 +206,7 @@ func scrapeN(t *testing.T, tg *Target, memo *ProbeMemo, n int) *Reading {
 	var r *Reading
 	for range n {
 		var err error
-		if r, err = Scrape(context.Background(), tg, memo, quiet); err != nil {
+		if r, err = Scrape(context.Background(), tg, memo, true, quiet); err != nil {
 			t.Fatalf("scrape: %v", err)
 		}
 	}
@@ -238,7 +239,7 @@ func TestProbeMemo(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			stub := newEngineStub(t, tc.status, tc.body)
-			memo := NewProbeMemo()
+			memo := NewProbeMemo(clock.Real{}, nil)
 			r := scrapeN(t, target(t, tc.kind, stub.URL), memo, 5)
 			if got := stub.loads.Load(); got != tc.wantLoads {
 				t.Errorf("/v1/loads asked %d times, want %d", got, tc.wantLoads)
@@ -264,7 +265,7 @@ func TestProbeMemo(t *testing.T) {
 
 func TestProbeForgetReprobes(t *testing.T) {
 	stub := newEngineStub(t, 404, "")
-	memo := NewProbeMemo()
+	memo := NewProbeMemo(clock.Real{}, nil)
 	tg := target(t, "vllm", stub.URL)
 	scrapeN(t, tg, memo, 3)
 	// The operator upgraded the engine to one that serves /v1/loads and
@@ -289,7 +290,7 @@ func TestProbeForgetReprobes(t *testing.T) {
 
 func TestGenericEngineWithoutLoadsIsUnknown(t *testing.T) {
 	stub := newEngineStub(t, 404, "")
-	memo := NewProbeMemo()
+	memo := NewProbeMemo(clock.Real{}, nil)
 	r := scrapeN(t, target(t, config.KindGeneric, stub.URL), memo, 3)
 	if r.Result != ResultNoSeries || r.Ready.Known || stub.metrics.Load() != 0 || stub.loads.Load() != 1 {
 		t.Errorf("generic without /v1/loads: result %s ready %v, metrics %d, probes %d", r.Result, r.Ready, stub.metrics.Load(), stub.loads.Load())
@@ -298,7 +299,7 @@ func TestGenericEngineWithoutLoadsIsUnknown(t *testing.T) {
 
 func TestEngineReading(t *testing.T) {
 	stub := newEngineStub(t, 200, string(fixture(t, "sglang-v1-loads.json")))
-	r := scrapeN(t, target(t, "sglang", stub.URL), NewProbeMemo(), 1)
+	r := scrapeN(t, target(t, "sglang", stub.URL), NewProbeMemo(clock.Real{}, nil), 1)
 	e := r.Engine
 	if e.WaitingUncachedTokens != 5120 || math.Abs(e.GenThroughput-(1711.42+1388.9)) > 1e-9 || math.Abs(e.TokenUsage-(0.5758+0.4657)/2) > 1e-9 {
 		t.Errorf("engine load %+v", e)
@@ -386,14 +387,14 @@ func TestFailureClasses(t *testing.T) {
 			}
 			tg := NewTarget(&p)
 			defer tg.Close()
-			_, err := Scrape(context.Background(), tg, NewProbeMemo(), quiet)
+			_, err := Scrape(context.Background(), tg, NewProbeMemo(clock.Real{}, nil), true, quiet)
 			if got := ClassOf(err); got != tc.class {
 				t.Errorf("class %q (%v), want %q", got, err, tc.class)
 			}
 		})
 	}
 	t.Run("body_cap leaves readiness unknown", func(t *testing.T) {
-		r, err := Scrape(context.Background(), target(t, config.KindEPP, srv.URL+"/big"), NewProbeMemo(), quiet)
+		r, err := Scrape(context.Background(), target(t, config.KindEPP, srv.URL+"/big"), NewProbeMemo(clock.Real{}, nil), true, quiet)
 		if err != nil || r.Result != string(ClassBodyCap) || r.Ready.Known {
 			t.Errorf("reading %+v err %v", r, err)
 		}
@@ -432,4 +433,40 @@ func FuzzParseEPP(f *testing.F) {
 			t.Fatalf("in-flight %v", v)
 		}
 	})
+}
+
+// TestProbeMemoLifecycle: an absence is remembered for ReprobeAfter, then
+// the engine is asked again (and the expiry told); an absence seen while the
+// provider is not ready (an engine starting up) is not remembered.
+func TestProbeMemoLifecycle(t *testing.T) {
+	stub := newEngineStub(t, 404, "")
+	clk := clock.NewFake(time.Unix(1000, 0))
+	var expired []string
+	memo := NewProbeMemo(clk, func(url string) { expired = append(expired, url) })
+	tg := target(t, "vllm", stub.URL)
+
+	if _, err := Scrape(context.Background(), tg, memo, false, quiet); err != nil {
+		t.Fatal(err)
+	}
+	if memo.Len() != 0 {
+		t.Fatal("an absence found while the provider is not ready was remembered")
+	}
+	scrapeN(t, tg, memo, 3) // ready: asked once, remembered
+	if stub.loads.Load() != 2 || memo.Len() != 1 {
+		t.Fatalf("%d probes, memo %d", stub.loads.Load(), memo.Len())
+	}
+	clk.Advance(ReprobeAfter - time.Second)
+	scrapeN(t, tg, memo, 1)
+	if stub.loads.Load() != 2 {
+		t.Fatal("asked again before ReprobeAfter")
+	}
+	clk.Advance(time.Second)
+	stub.loadsStatus.Store(200)
+	stub.loadsBody.Store(string(fixture(t, "sglang-v1-loads.json")))
+	if r := scrapeN(t, tg, memo, 1); r.Source != SourceLoads || stub.loads.Load() != 3 {
+		t.Errorf("after ReprobeAfter: source %s, %d probes", r.Source, stub.loads.Load())
+	}
+	if len(expired) != 1 || expired[0] != tg.LoadsURL {
+		t.Errorf("expiries told: %v", expired)
+	}
 }

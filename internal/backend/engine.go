@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
+	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/readiness"
 	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/signals/expo"
@@ -99,26 +101,62 @@ func (r *loadsResponse) engineLoad() *EngineLoad {
 	return e
 }
 
+// ReprobeAfter is how long an absence is remembered: an engine upgraded in
+// place may have gained /v1/loads, and asking every ten minutes costs
+// nothing worth counting.
+const ReprobeAfter = 10 * time.Minute
+
 // ProbeMemo remembers which /v1/loads URLs are definitively absent, so an
-// engine without the endpoint is asked once, not every scrape.
+// engine without the endpoint is asked rarely, not every scrape. An absence
+// is forgotten after ReprobeAfter, when the engine behind the URL was
+// replaced (Forget: a failed scrape followed by a good one), or when its
+// provider changes; an engine is marked absent only while its provider is
+// ready, since an engine starting up may answer 404 for routes it has not
+// registered yet.
 type ProbeMemo struct {
-	mu     sync.Mutex
-	absent map[string]bool
+	clk clock.Clock
+	// expired counts absences forgotten for age; the operator exports it.
+	expired func(url string)
+	mu      sync.Mutex
+	absent  map[string]time.Time // url -> when it was found absent
 }
 
-// NewProbeMemo returns an empty memo.
-func NewProbeMemo() *ProbeMemo { return &ProbeMemo{absent: map[string]bool{}} }
+// NewProbeMemo returns an empty memo on clk; expired, if not nil, is told of
+// every absence forgotten for age.
+func NewProbeMemo(clk clock.Clock, expired func(url string)) *ProbeMemo {
+	return &ProbeMemo{clk: clk, expired: expired, absent: map[string]time.Time{}}
+}
 
 func (m *ProbeMemo) isAbsent(url string) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.absent[url]
+	at, ok := m.absent[url]
+	if ok && m.clk.Now().Sub(at) >= ReprobeAfter {
+		delete(m.absent, url)
+		ok = false
+		defer m.notifyExpired(url)
+	}
+	m.mu.Unlock()
+	return ok
+}
+
+func (m *ProbeMemo) notifyExpired(url string) {
+	if m.expired != nil {
+		m.expired(url)
+	}
 }
 
 func (m *ProbeMemo) markAbsent(url string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.absent[url] = true
+	m.absent[url] = m.clk.Now()
+}
+
+// Absent reports whether url is remembered absent.
+func (m *ProbeMemo) Absent(url string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.absent[url]
+	return ok
 }
 
 // Forget drops one URL: its provider changed or went away, so the endpoint

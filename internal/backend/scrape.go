@@ -10,9 +10,10 @@ import (
 
 // Scrape reads one provider. An EPP is read from /metrics. An engine kind
 // first asks /v1/loads (unless the memo knows it is absent) and falls back to
-// /metrics by kind; a generic engine has no fallback. The returned error is
-// classified (ClassOf).
-func Scrape(ctx context.Context, t *Target, memo *ProbeMemo, log *slog.Logger) (*Reading, error) {
+// /metrics by kind; a generic engine has no fallback. ready is the
+// provider's current readiness: an absence found while it is not ready is
+// not remembered. The returned error is classified (ClassOf).
+func Scrape(ctx context.Context, t *Target, memo *ProbeMemo, ready bool, log *slog.Logger) (*Reading, error) {
 	if t.Kind == config.KindEPP {
 		return scrapeMetrics(ctx, t, func(body []byte) (*Reading, error) { return ParseEPP(body, t.PoolName) })
 	}
@@ -22,7 +23,9 @@ func Scrape(ctx context.Context, t *Target, memo *ProbeMemo, log *slog.Logger) (
 		case probeAvailable:
 			return r, nil
 		case probeAbsent:
-			memo.markAbsent(t.LoadsURL)
+			if ready {
+				memo.markAbsent(t.LoadsURL)
+			}
 		case probeInconclusive:
 			if t.Kind == config.KindGeneric {
 				if err != nil {

@@ -195,7 +195,7 @@ func (g *Grid) startSite(ctx context.Context, specs []SiteSpec, all []addrs, i i
 	if err != nil {
 		return nil, err
 	}
-	state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers)
+	state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
 	if err != nil {
 		return nil, err
 	}

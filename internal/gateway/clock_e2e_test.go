@@ -20,7 +20,7 @@ type skewedClock struct{ offset atomic.Int64 }
 func (c *skewedClock) Now() time.Time                         { return time.Now().Add(time.Duration(c.offset.Load())) }
 func (c *skewedClock) NewTimer(d time.Duration) clock.Timer   { return clock.Real{}.NewTimer(d) }
 func (c *skewedClock) NewTicker(d time.Duration) clock.Ticker { return clock.Real{}.NewTicker(d) }
-func (c *skewedClock) Monotonic() time.Duration                 { return clock.Real{}.Monotonic() }
+func (c *skewedClock) Monotonic() time.Duration               { return clock.Real{}.Monotonic() }
 
 // metric sums the samples of family whose labels hold every one of labels,
 // from a /metrics handler.

@@ -115,7 +115,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if err != nil {
 			t.Fatal(err)
 		}
-		state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers)
+		state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

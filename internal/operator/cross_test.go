@@ -76,7 +76,7 @@ func startSiteLimits(t *testing.T, lim Limits, dir, name, stateDir, addr string,
 	cfg = reparse(t, cfg)
 	cfg.PeerPoll.Timeout = config.Duration(500 * time.Millisecond)
 	cfg.PeerPoll.Budget = config.Duration(1500 * time.Millisecond)
-	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers, OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func newPeeringOperatorOn(tb testing.TB, clk clock.Clock, site string, peers ...
 		c.Peers = append(c.Peers, config.Peer{Site: p, Signals: "https://127.0.0.1:1"})
 	}
 	cfg := reparse(tb, c)
-	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil, OpenOptions{})
 	if err != nil {
 		tb.Fatal(err)
 	}

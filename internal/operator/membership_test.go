@@ -47,7 +47,7 @@ func startGossipSite(t *testing.T, dir, name string, key []byte, bind string, se
 	cfg := reparse(t, &config.Operator{Site: name, StateDir: t.TempDir(), TLS: tlsFiles(dir, name)})
 	cfg.PeerPoll.Timeout = config.Duration(500 * time.Millisecond)
 	cfg.PeerPoll.Budget = config.Duration(1500 * time.Millisecond)
-	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), nil, OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,10 @@ type metrics struct {
 	lastSuccess *prometheus.GaugeVec
 	reloads     *prometheus.CounterVec
 	metricsShed prometheus.Counter
-	peers       *peerMetrics
+	// reprobes counts /v1/loads absences forgotten, by reason: the engine
+	// was replaced (recovered) or the absence grew old (expired).
+	reprobes *prometheus.CounterVec
+	peers    *peerMetrics
 }
 
 type scrapeCounter struct{ *prometheus.CounterVec }
@@ -34,6 +37,12 @@ func (c scrapeCounter) initProvider(name string) {
 		c.WithLabelValues(name, r)
 	}
 }
+
+// Reprobe reasons.
+const (
+	reprobeRecovered = "recovered"
+	reprobeExpired   = "expired"
+)
 
 func (c scrapeCounter) count(name, result string) { c.WithLabelValues(name, result).Inc() }
 
@@ -52,6 +61,10 @@ func newMetrics(o *Operator) *metrics {
 			Name: "grid_config_reload_total",
 			Help: "Configuration reloads by result: applied or rejected.",
 		}, []string{"result"}),
+		reprobes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "grid_provider_loads_reprobe_total",
+			Help: "Remembered /v1/loads absences forgotten so the engine is asked again: recovered (a failed scrape, then a good one: the engine may have been replaced) or expired (10 minutes old).",
+		}, []string{signals.LabelProvider, "reason"}),
 		metricsShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "grid_metrics_connections_shed_total",
 			Help: "Connections to the plain operations listener closed at accept for its cap.",
@@ -60,7 +73,7 @@ func newMetrics(o *Operator) *metrics {
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
 	m.peers = newPeerMetrics(m.reg)
-	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, m.metricsShed, storeCollector{o},
+	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, m.metricsShed, m.reprobes, storeCollector{o},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -202,8 +215,8 @@ func (o *Operator) Handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !o.Ready() {
-			http.Error(w, "no scrape pass has completed yet", http.StatusServiceUnavailable)
+		if ready, why := o.Ready(); !ready {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n"))

@@ -57,6 +57,11 @@ type Operator struct {
 	// poller, so a reload and a gossip update racing each other cannot
 	// leave the poller with the older of the two.
 	pollSetMu sync.Mutex
+	// stateTrouble is why stateDir cannot be written, or "" (the scrape
+	// loop sets it; readiness reads it).
+	stateTrouble atomic.Pointer[string]
+	// stateWarned is when stateDir trouble was last logged (scrape loop).
+	stateWarned time.Time
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
@@ -77,6 +82,8 @@ type provider struct {
 	verdict readiness.Verdict
 	engine  *backend.EngineLoad
 	scraped bool
+	// failing is true while the latest scrape failed.
+	failing bool
 }
 
 // New builds an operator from a validated configuration and its opened
@@ -93,12 +100,12 @@ func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 		clk:       opts.Clock,
 		log:       opts.Logger,
 		state:     state,
-		memo:      backend.NewProbeMemo(),
 		site:      NewStore(cfg.SignalsTTL.D()),
 		peerStore: NewStore(cfg.PeerPoll.TTL.D()),
 		id:        opts.Identity,
 		dial:      opts.Dial,
 	}
+	o.memo = backend.NewProbeMemo(opts.Clock, func(url string) { o.countReprobe(url, reprobeExpired) })
 	o.m = newMetrics(o)
 	o.cfg.Store(cfg)
 	for i := range cfg.Providers {
@@ -135,6 +142,7 @@ func (o *Operator) Epoch() int64 { return o.state.Epoch }
 func (o *Operator) Run(ctx context.Context) {
 	every(ctx, o.clk, func() time.Duration { return o.cfg.Load().ScrapeInterval.D() }, func() {
 		start := o.clk.Now()
+		o.checkState()
 		o.Pass(ctx)
 		o.lastPass.Store(int64(o.clk.Now().Sub(start)))
 		o.passes.Add(1)
@@ -157,7 +165,7 @@ func (o *Operator) Pass(ctx context.Context) {
 func (o *Operator) scrape(ctx context.Context, p *provider) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	reading, err := backend.Scrape(ctx, p.target, o.memo, o.log)
+	reading, err := backend.Scrape(ctx, p.target, o.memo, !p.verdict.Excludes(), o.log)
 	if ctx.Err() != nil {
 		return // shutting down: a cancelled scrape says nothing about the provider
 	}
@@ -171,6 +179,13 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 	name := p.cfg.Name
 	p.scraped = true
 	var pub latency.Published
+	if err == nil && p.failing && o.memo.Absent(p.target.LoadsURL) {
+		// A failed scrape, then a good one: the engine behind the URL may
+		// have been restarted or upgraded, and gained /v1/loads.
+		o.memo.Forget(p.target.LoadsURL)
+		o.countReprobe(p.target.LoadsURL, reprobeRecovered)
+	}
+	p.failing = err != nil
 	if err != nil {
 		class := backend.ClassOf(err)
 		p.probe.Failure(now, string(class))
@@ -224,6 +239,17 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 	o.publish(name, rows, now)
 }
 
+// countReprobe counts a forgotten /v1/loads absence for each provider of
+// url.
+func (o *Operator) countReprobe(url, reason string) {
+	o.providers.Range(func(k, v any) bool {
+		if v.(*provider).target.LoadsURL == url {
+			o.m.reprobes.WithLabelValues(k.(string), reason).Inc()
+		}
+		return true
+	})
+}
+
 // conclusions are the ready verdict and the last good ready count.
 func (o *Operator) conclusions(p *provider, v readiness.Verdict) []signals.Row {
 	ready := 1.0
@@ -243,6 +269,9 @@ func (o *Operator) conclusions(p *provider, v readiness.Verdict) []signals.Row {
 // publish attributes a batch to this site and provider, appends its batch
 // metadata line, and stores it.
 func (o *Operator) publish(target string, rows []signals.Row, now time.Time) {
+	if o.state.Halted != "" {
+		return // receivers would refuse every batch (State.Halted)
+	}
 	site := o.cfg.Load().Site
 	for i := range rows {
 		rows[i].Labels = attribute(rows[i].Labels, site, target)
@@ -389,6 +418,7 @@ func sameConfig(a, b *config.Provider) bool {
 
 // Close releases the operator's idle connections to providers and peers.
 func (o *Operator) Close() {
+	defer o.state.Close()
 	o.providers.Range(func(_, v any) bool {
 		v.(*provider).target.Close()
 		return true
@@ -402,5 +432,49 @@ func (o *Operator) Close() {
 	}
 }
 
-// Ready reports whether the operator has finished a scrape pass.
-func (o *Operator) Ready() bool { return o.passes.Load() > 0 }
+// Ready reports whether the operator publishes: it has finished a scrape
+// pass, its stateDir is writable, and its publisher epoch is admissible. If
+// not, it says why.
+func (o *Operator) Ready() (bool, string) {
+	switch {
+	case o.state.Halted != "":
+		return false, o.state.Halted
+	case o.stateTrouble.Load() != nil && *o.stateTrouble.Load() != "":
+		return false, *o.stateTrouble.Load()
+	case o.passes.Load() == 0:
+		return false, "no scrape pass has completed yet"
+	}
+	return true, "ok"
+}
+
+// stateWarnEvery spaces the repeated ERRORs of a stateDir in trouble.
+const stateWarnEvery = time.Minute
+
+// checkState keeps stateDir whole once per scrape pass: a deleted stateDir
+// is recreated with its lock and the epoch high-water mark (a WARN); one
+// that cannot be written fails readiness with the reason (an ERROR, then
+// every minute), as does a halted epoch. Scrape loop only.
+func (o *Operator) checkState() {
+	now := o.clk.Now()
+	loud := now.Sub(o.stateWarned) >= stateWarnEvery
+	if o.state.Halted != "" {
+		if loud {
+			o.log.Error("not publishing: "+o.state.Halted, "state", o.state.path, "publisher_epoch", o.state.Epoch)
+			o.stateWarned = now
+		}
+		return
+	}
+	recreated, err := o.state.Ensure()
+	trouble := ""
+	switch {
+	case err != nil:
+		trouble = "stateDir cannot be written: " + err.Error()
+		if loud {
+			o.log.Error("the operator cannot keep its state; readiness fails until it can", "state", o.state.path, "err", err)
+			o.stateWarned = now
+		}
+	case recreated:
+		o.log.Warn("stateDir was deleted while the operator ran; recreated it with the publisher epoch", "state", o.state.path, "publisher_epoch", o.state.Epoch)
+	}
+	o.stateTrouble.Store(&trouble)
+}

@@ -102,7 +102,7 @@ func newHarness(t *testing.T, ps ...config.Provider) *harness {
 		t.Fatal(err)
 	}
 	clk := clock.NewFake(time.Now())
-	state, err := OpenState(cfg.StateDir, clk.Now().UnixMilli(), cfg.Providers)
+	state, err := OpenState(cfg.StateDir, clk.Now().UnixMilli(), cfg.Providers, OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

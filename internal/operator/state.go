@@ -11,19 +11,40 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
+	"time"
 
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/signals"
 	"go.yaml.in/yaml/v3"
 )
 
-// stateFile is the name of the operator's durable state in stateDir.
-const stateFile = "operator-state.json"
+// Files in stateDir: the operator's durable state, and the lock that makes
+// this process its one writer.
+const (
+	stateFile = "operator-state.json"
+	lockFile  = "operator.lock"
+)
+
+// OpenOptions are the rarely used choices of OpenState.
+type OpenOptions struct {
+	// ResetEpoch discards a stored publisher epoch that is more than
+	// signals.EpochAheadMs ahead of the clock, and starts from the clock
+	// (docs/reliability.md, "publisher epoch ahead of the clock").
+	ResetEpoch bool
+}
 
 // State is what an operator keeps across restarts so that receivers can
 // order its batches (docs/protocol.md §2.3, §4.9): the publisher-epoch high-water
 // mark, and each provider's uid and config generation.
 type State struct {
 	path string
+	// lock holds the exclusive lock on stateDir while the state is open.
+	lock *os.File
+	// Halted is why this process must not publish, or "": its stored
+	// epoch is further ahead of the clock than receivers admit, so
+	// everything it published would be refused.
+	Halted string `json:"-"`
 	// Epoch is this process's publisher epoch: above every epoch published
 	// before, and at least the wall clock in milliseconds at start.
 	Epoch int64 `json:"publisherEpoch"`
@@ -42,35 +63,113 @@ type Revision struct {
 	ConfigHash string `json:"configHash"`
 }
 
-// OpenState loads stateDir's state, takes a new epoch above the last one
-// (and at least nowMs), reconciles the providers, and writes it all durably
-// before returning: nothing is published under an epoch that is not on disk.
-// A state file that cannot be read or parsed is an error, not a fresh start:
-// starting over could publish an epoch below one already published.
-func OpenState(dir string, nowMs int64, providers []config.Provider) (*State, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("state dir: %w", err)
-	}
+// OpenState takes stateDir (an exclusive lock: one operator per stateDir),
+// loads its state, takes a new epoch above the last one (and at least
+// nowMs), reconciles the providers, and writes it all durably before
+// returning: nothing is published under an epoch that is not on disk. A
+// state file that cannot be read or parsed is an error, not a fresh start:
+// starting over could publish an epoch below one already published. A
+// stored epoch more than signals.EpochAheadMs ahead of nowMs (the host's
+// clock was once ahead) halts publication (State.Halted) unless
+// opts.ResetEpoch. Close releases the lock.
+func OpenState(dir string, nowMs int64, providers []config.Provider, opts OpenOptions) (*State, error) {
 	s := &State{path: filepath.Join(dir, stateFile), Providers: map[string]*Revision{}}
+	if err := s.takeDir(); err != nil {
+		return nil, err
+	}
+	if err := s.load(nowMs, providers, opts); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// load reads the state file and takes this process's epoch.
+func (s *State) load(nowMs int64, providers []config.Provider, opts OpenOptions) error {
 	data, err := os.ReadFile(s.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		return nil, fmt.Errorf("read operator state: %w", err)
+		return fmt.Errorf("read operator state: %w", err)
 	default:
 		if err := json.Unmarshal(data, s); err != nil {
-			return nil, fmt.Errorf("operator state %s is corrupt (%v); it holds the publisher epoch high-water mark, "+
+			return fmt.Errorf("operator state %s is corrupt (%v); it holds the publisher epoch high-water mark, "+
 				"so the operator will not guess one: restore it, or delete it to start a new epoch from the wall clock", s.path, err)
 		}
 		if s.Providers == nil {
 			s.Providers = map[string]*Revision{}
 		}
 	}
-	s.Epoch = max(nowMs, s.Epoch+1)
-	if err := s.reconcile(providers); err != nil {
-		return nil, err
+	switch ahead := s.Epoch - nowMs; {
+	case ahead > signals.EpochAheadMs && opts.ResetEpoch:
+		s.Epoch = nowMs
+	case ahead > signals.EpochAheadMs:
+		// Receivers refuse an epoch this far ahead of their clocks: keep
+		// the mark as it is (a clock that is now behind may be the wrong
+		// one) and publish nothing.
+		s.Halted = fmt.Sprintf("the publisher epoch in %s is %d, %v ahead of this host's clock; peers and gateways refuse epochs more than %v ahead, "+
+			"so nothing is published. If this host's clock is right, start the operator once with --reset-publisher-epoch (docs/reliability.md)",
+			s.path, s.Epoch, (time.Duration(ahead) * time.Millisecond).Round(time.Second), time.Duration(signals.EpochAheadMs)*time.Millisecond)
+		return nil
+	default:
+		s.Epoch = max(nowMs, s.Epoch+1)
 	}
-	return s, nil
+	return s.reconcile(providers)
+}
+
+// takeDir creates stateDir if needed and takes its lock, without waiting:
+// a second operator on the same stateDir would publish under the same
+// epochs, which receivers would drop as delayed or mistake for republishes.
+func (s *State) takeDir() error {
+	dir := filepath.Dir(s.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("state dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("stateDir %s is in use by another operator (its lock %s is held): one operator per stateDir", dir, lockFile)
+		}
+		return fmt.Errorf("lock stateDir %s: %w", dir, err)
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	s.lock = f
+	return nil
+}
+
+// Close releases stateDir's lock.
+func (s *State) Close() {
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
+}
+
+// Ensure recreates stateDir, with its lock and the state, when it was
+// deleted while the operator runs: the epoch high-water mark must stay on
+// disk. It reports whether it recreated anything.
+func (s *State) Ensure() (recreated bool, err error) {
+	if s.path == "" {
+		return false, nil
+	}
+	if _, err := os.Stat(s.path); err == nil {
+		return false, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("operator state: %w", err)
+	}
+	if err := s.takeDir(); err != nil {
+		return false, err
+	}
+	if s.Halted != "" {
+		return true, nil // nothing published, nothing to keep
+	}
+	return true, s.write()
 }
 
 // NewObjectState is the state of an operator whose epoch high-water mark
