@@ -195,6 +195,11 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 		t.Errorf("cursors sent %q", afters)
 	}
 
+	// The first poll folded a clean observation (the report channel 404s
+	// here, so it stays pending); a partial read folds none.
+	g.rep.mu.Lock()
+	seqBefore := g.rep.seq
+	g.rep.mu.Unlock()
 	failSecond.Store(true)
 	g.Poll(context.Background())
 	if v := testutil.ToFloat64(g.m.polls.WithLabelValues("unreachable")); v != 1 {
@@ -202,5 +207,11 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 	}
 	if got := g.store.Keys(); len(got) != 2 {
 		t.Errorf("store holds %v after a partial read", got)
+	}
+	g.rep.mu.Lock()
+	seqAfter := g.rep.seq
+	g.rep.mu.Unlock()
+	if seqAfter != seqBefore {
+		t.Errorf("a poll whose second page failed folded an observation (sequence %d → %d)", seqBefore, seqAfter)
 	}
 }

@@ -239,6 +239,14 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 	o.publish(name, rows, now)
 }
 
+// providerTarget returns a provider's scrape target, or nil.
+func (o *Operator) providerTarget(name string) *backend.Target {
+	if v, ok := o.providers.Load(name); ok {
+		return v.(*provider).target
+	}
+	return nil
+}
+
 // countReprobe counts a forgotten /v1/loads absence for each provider of
 // url.
 func (o *Operator) countReprobe(url, reason string) {

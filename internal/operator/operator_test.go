@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -247,6 +248,33 @@ func TestEngineExtrasOnlyWhenKnown(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEngineReplacedIsReprobed: a vLLM engine without /v1/loads is asked
+// once and remembered; when its scrapes fail and then succeed again (the
+// engine was restarted, perhaps upgraded), the absence is forgotten and the
+// engine asked again, and that is counted.
+func TestEngineReplacedIsReprobed(t *testing.T) {
+	b := startSim(t, sim.Options{Kind: sim.KindVLLM, Endpoints: 1, Slots: 2})
+	h := newHarness(t, providerConf("pool-a", sim.KindVLLM, b.URL))
+	h.pass()
+	h.pass()
+	if !h.op.memo.Absent(h.op.providerTarget("pool-a").LoadsURL) {
+		t.Fatal("the engine's missing /v1/loads was not remembered")
+	}
+	b.control(t, `{"down": true}`)
+	h.pass()
+	if !h.op.memo.Absent(h.op.providerTarget("pool-a").LoadsURL) {
+		t.Fatal("a failed scrape alone forgot the absence")
+	}
+	b.control(t, `{"down": false}`)
+	h.pass()
+	if h.op.memo.Absent(h.op.providerTarget("pool-a").LoadsURL) {
+		t.Error("a good scrape after a failed one kept the absence")
+	}
+	if got := testutil.ToFloat64(h.op.m.reprobes.WithLabelValues("pool-a", reprobeRecovered)); got != 1 {
+		t.Errorf("grid_provider_loads_reprobe_total{reason=recovered} = %v", got)
 	}
 }
 
