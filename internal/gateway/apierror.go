@@ -33,12 +33,17 @@ var (
 	errUpstreamFailed      = apiError{http.StatusBadGateway, "server_error", "upstream_error", false, "the upstream failed to answer"}
 	errHopForbidden        = apiError{http.StatusForbidden, "permission_error", "forbidden", false, "only a grid site may forward requests here"}
 	errOperatorUnreachable = apiError{http.StatusServiceUnavailable, "server_error", "operator_unreachable", true, "the gateway has not read its site's operator yet"}
+	apiInvalidJSON         = apiError{http.StatusBadRequest, "invalid_request_error", "invalid_json", false, "the request body is not a JSON object"}
+	apiAmbiguousModel      = apiError{http.StatusBadRequest, "invalid_request_error", "ambiguous_model", false, `the request body names "model" more than once`}
+	errUnknownURL          = apiError{http.StatusNotFound, "invalid_request_error", "unknown_url", false, "no such API path"}
+	errMethodNotAllowed    = apiError{http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", false, "this API path does not take this method"}
 )
 
 // apiErrors lists every refusal, for the documentation test.
 var apiErrors = []apiError{
 	errModelRequired, errBadBody, errTooLarge, errBodyTimeout, errShed, errNoHealthySite,
 	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden, errOperatorUnreachable,
+	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed,
 }
 
 // retryAfter spreads clients' retries over 3 to 7 seconds.

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
 	"regexp"
 	"strconv"
@@ -10,34 +12,92 @@ import (
 func TestModelOf(t *testing.T) {
 	for _, tc := range []struct {
 		body, want string
-		ok         bool
+		err        error
 	}{
-		{`{"model":"Qwen/Qwen3-8B","messages":[]}`, "Qwen/Qwen3-8B", true},
-		{`{"messages":[{"role":"user","content":"{\"model\":\"no\"}"}],"stream":true,"model":"m2"}`, "m2", true},
-		{`{"nested":{"model":"inner"},"model":"outer"}`, "outer", true},
-		{`{"messages":[]}`, "", false},
-		{`{"model":7}`, "", false},
-		{`{"model":""}`, "", false},
-		{`[{"model":"m"}]`, "", false},
-		{`{"model":`, "", false},
-		{``, "", false},
+		{`{"model":"Qwen/Qwen3-8B","messages":[]}`, "Qwen/Qwen3-8B", nil},
+		{`{"messages":[{"role":"user","content":"{\"model\":\"no\"}"}],"stream":true,"model":"m2"}`, "m2", nil},
+		{`{"nested":{"model":"inner"},"model":"outer"}`, "outer", nil},
+		{` { "model" : "spaced\u002fname" } `, "spaced/name", nil},
+		{`{"a":"}{\"","model":"m","b":[1,{"c":"]"}],"d":null,"e":-1.5e3}`, "m", nil},
+		{`{"messages":[]}`, "", errNoModel},
+		{`{"model":7}`, "", errNoModel},
+		{`{"model":""}`, "", errNoModel},
+		{`{}`, "", errNoModel},
+		{`{"model":"A","model":"B"}`, "", errAmbiguousModel},
+		{`{"model":"A","mod\u0065l":"B"}`, "", errAmbiguousModel},
+		{`{"model":"A","messages":[],"model":7}`, "", errAmbiguousModel},
+		{`[{"model":"m"}]`, "", errInvalidJSON},
+		{`{"model":`, "", errInvalidJSON},
+		{`{"model":"m"} trailing`, "", errInvalidJSON},
+		{`model=m`, "", errInvalidJSON},
+		{``, "", errInvalidJSON},
 	} {
 		got, err := ModelOf([]byte(tc.body))
-		if (err == nil) != tc.ok || got != tc.want {
-			t.Errorf("ModelOf(%s) = %q, %v", tc.body, got, err)
+		if err != tc.err || got != tc.want {
+			t.Errorf("ModelOf(%s) = %q, %v; want %q, %v", tc.body, got, err, tc.want, tc.err)
 		}
 	}
 }
 
+// FuzzModelOf holds ModelOf to encoding/json: a body it accepts is a JSON
+// object whose decoded top level has that "model" (and only one such key,
+// escapes read); a body json.Valid accepts as an object is never called
+// invalid.
 func FuzzModelOf(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"content":"x"}]}`))
 	f.Add([]byte(`{"a":[[[[{}]]]],"model":"m"}`))
+	f.Add([]byte(`{"model":"A","model":"B"}`))
+	f.Add([]byte(`{"mod\u0065l":"A","x":"\"model\""}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		m, err := ModelOf(body)
-		if err == nil && m == "" {
-			t.Fatal("empty model without an error")
+		var top map[string]json.RawMessage
+		objectErr := json.Unmarshal(body, &top)
+		switch {
+		case err == nil:
+			if m == "" {
+				t.Fatal("empty model without an error")
+			}
+			var want string
+			if objectErr != nil || json.Unmarshal(top["model"], &want) != nil || want != m {
+				t.Fatalf("ModelOf says %q; encoding/json reads %q (%v)", m, want, objectErr)
+			}
+			if n := countModelKeys(body); n != 1 {
+				t.Fatalf("accepted a body with %d top-level model keys", n)
+			}
+		case err == errInvalidJSON:
+			if objectErr == nil {
+				t.Fatalf("a JSON object called invalid: %q", body)
+			}
+		case err == errAmbiguousModel:
+			if n := countModelKeys(body); n < 2 {
+				t.Fatalf("called ambiguous with %d model keys: %q", n, body)
+			}
 		}
 	})
+}
+
+// countModelKeys counts the top-level "model" keys of a JSON object with
+// encoding/json's tokenizer.
+func countModelKeys(body []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return -1
+	}
+	n := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return -1
+		}
+		if tok == "model" {
+			n++
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return -1
+		}
+	}
+	return n
 }
 
 // TestRefusalTableIsDocumented: every refusal the gateway answers is a row

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +151,21 @@ func (g *Gateway) handler(hop bool) http.Handler {
 	mux.HandleFunc("POST /v1/completions", api)
 	mux.HandleFunc("POST /v1/embeddings", api)
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) { g.serveModels(w, r, hop) })
+	mux.HandleFunc("GET /v1/models/{id...}", func(w http.ResponseWriter, r *http.Request) { g.serveModel(w, r, r.PathValue("id"), hop) })
+	// Anything else under /v1/ gets an OpenAI error, as the SDKs expect: a
+	// known path with another method 405 (with Allow), an unknown one 404.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		allow := map[string]string{"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET"}
+		if m, ok := allow[r.URL.Path]; ok || strings.HasPrefix(r.URL.Path, "/v1/models/") {
+			if !ok {
+				m = "GET"
+			}
+			w.Header().Set("Allow", m)
+			errMethodNotAllowed.write(w, 0)
+			return
+		}
+		errUnknownURL.write(w, 0)
+	})
 	if !hop {
 		return mux
 	}
@@ -168,6 +184,23 @@ func (g *Gateway) snapshot(hop bool) *route.Snapshot {
 		return g.local.Load()
 	}
 	return g.builder.Current()
+}
+
+// serveModel answers GET /v1/models/{id} (the SDKs' models.retrieve) from
+// the snapshot: the model if some site serves it, else 404 model_not_found.
+func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request, id string, hop bool) {
+	g.touch()
+	snap, refusal := g.freshSnapshot(r.Context(), hop)
+	if refusal != nil {
+		refusal.write(w, g.turn.Add(1))
+		return
+	}
+	if !slices.Contains(snap.Models(), id) {
+		errModelNotFound.write(w, 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "grid"})
 }
 
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, hop bool) {
@@ -205,8 +238,22 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	model := r.Header.Get(headerModel)
+	bodyModel, err := ModelOf(body)
+	var bad *apiError
+	switch err {
+	case errInvalidJSON:
+		bad = &apiInvalidJSON
+	case errAmbiguousModel:
+		bad = &apiAmbiguousModel
+	}
+	if bad != nil {
+		outcome = "bad_request"
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		bad.write(w, 0)
+		return
+	}
 	if model == "" {
-		model, _ = ModelOf(body)
+		model = bodyModel
 	}
 	if model == "" {
 		outcome = "bad_request"

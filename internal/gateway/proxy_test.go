@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -140,5 +141,51 @@ func TestInternalHeadersAreStripped(t *testing.T) {
 	}
 	if resp.Header.Get("X-Grid-Site") != "east" || resp.Header.Get("X-Grid-Backend") != "pool" {
 		t.Errorf("answer provenance: site %q backend %q", resp.Header.Get("X-Grid-Site"), resp.Header.Get("X-Grid-Backend"))
+	}
+}
+
+// TestOpenAIShapedAnswers: what the OpenAI SDKs send besides completions
+// gets OpenAI JSON: models.retrieve works (a model id may hold a '/'), a
+// wrong method is a 405 naming the right one, an unknown path a 404, and
+// bodies that are not one JSON object with one model are refused with a
+// code saying which.
+func TestOpenAIShapedAnswers(t *testing.T) {
+	g := gatewayWithEastPool(t)
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		code, allow, id    string
+	}{
+		{"GET", "/v1/models/" + sim.DefaultModel, "", 200, "", "", sim.DefaultModel},
+		{"GET", "/v1/models/nobody/serves-this", "", 404, "model_not_found", "", ""},
+		{"GET", "/v1/chat/completions", "", 405, "method_not_allowed", "POST", ""},
+		{"DELETE", "/v1/models/" + sim.DefaultModel, "", 405, "method_not_allowed", "GET", ""},
+		{"GET", "/v1/assistants", "", 404, "unknown_url", "", ""},
+		{"POST", "/v1/chat/completions", `{"model":"A","model":"B"}`, 400, "ambiguous_model", "", ""},
+		{"POST", "/v1/chat/completions", `{"model":"A","mod\u0065l":"B"}`, 400, "ambiguous_model", "", ""},
+		{"POST", "/v1/chat/completions", `model=A`, 400, "invalid_json", "", ""},
+		{"POST", "/v1/chat/completions", `{"messages":[]}`, 400, "model_required", "", ""},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			ID    string `json:"id"`
+			Error struct {
+				Code, Type, Message string
+			} `json:"error"`
+		}
+		decodeErr := json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if decodeErr != nil || resp.StatusCode != tc.status || got.Error.Code != tc.code || got.ID != tc.id ||
+			resp.Header.Get("Allow") != tc.allow || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s %s: %d %+v (decode %v), Allow %q, Content-Type %q", tc.method, tc.path, tc.body, resp.StatusCode, got, decodeErr,
+				resp.Header.Get("Allow"), resp.Header.Get("Content-Type"))
+		}
 	}
 }
