@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/faultproxy"
+	"github.com/grid-inference/grid/internal/identity"
 )
 
 // The fault suite runs a two-site grid of real processes on loopback (a
@@ -628,6 +630,7 @@ func TestFaults(t *testing.T) {
 		{"peer gateway stopped (SIGSTOP) under streaming load", stopPeerGateway},
 		{"gateway started before its operator", gatewayBeforeOperator},
 		{"idle gateway wakes after a provider went unavailable", idleWake},
+		{"a grid certificate of a site that is not a peer calls the hop listener", nonPeerHop},
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			g.t = t
@@ -1189,4 +1192,47 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// nonPeerHop issues a certificate for north, a site of the same grid CA that
+// is no peer of east, and sends a request to east's hop listener with it:
+// 403, counted, and nothing reaches east's engine. West, a peer, is served.
+func nonPeerHop(t *testing.T, g *faultGrid) reliabilityRow {
+	if out, err := exec.Command(gridBinary, "certs", "issue", "--dir", g.certs, "--site", "north").CombinedOutput(); err != nil {
+		t.Fatalf("issue north: %v\n%s", err, out)
+	}
+	post := func(site string) int {
+		src, err := identity.LoadSource(config.TLS{CA: filepath.Join(g.certs, "ca.crt"), Cert: filepath.Join(g.certs, site+".crt"), Key: filepath.Join(g.certs, site+".key")},
+			"grid.internal", site, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf, err := src.ClientTLS("east")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
+		resp, err := c.Post("https://"+g.sites["east"].hop+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+		if err != nil {
+			t.Fatalf("%s calling east's hop: %v", site, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	before := sample(g.metricsOf("east", "gw"), "grid_gateway_hop_refused_total")
+	north := post("north")
+	if north != http.StatusForbidden {
+		t.Errorf("north, not a peer, got %d from east's hop listener, want 403", north)
+	}
+	if got := sample(g.metricsOf("east", "gw"), "grid_gateway_hop_refused_total") - before; got != 1 {
+		t.Errorf("east counted %v hop refusals, want 1", got)
+	}
+	west := post("west")
+	if west != http.StatusOK {
+		t.Errorf("west, a peer, got %d", west)
+	}
+	return reliabilityRow{fault: "a valid grid certificate of a site that is not a peer calls the hop listener",
+		expected: "403, counted; a peer is served", observed: fmt.Sprintf("north: %d, west: %d", north, west)}
 }

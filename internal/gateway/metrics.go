@@ -34,6 +34,7 @@ type metrics struct {
 	connsShed        *prometheus.CounterVec
 	ejections        *prometheus.CounterVec
 	upstreamErrors   *prometheus.CounterVec
+	hopRefused       prometheus.Counter
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -60,9 +61,11 @@ func newMetrics() *metrics {
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
 		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop, metrics) and limit (total, source)."}, []string{"listener", "limit"}),
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
-		upstreamErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
-		published:        map[[2]string]bool{},
-		shedModels:       map[string]bool{},
+		hopRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
+			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (configured, or admitted by gossip)."}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
+		published:      map[[2]string]bool{},
+		shedModels:     map[string]bool{},
 	}
 	for _, r := range []string{"ok", "unreachable", "unauthorized", "too_large", "no_date", "encoding", "config"} {
 		m.polls.WithLabelValues(r)
@@ -86,7 +89,7 @@ func newMetrics() *metrics {
 		}
 	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // maxBody bounds a request body; the model is read from it.
@@ -170,13 +171,23 @@ func (g *Gateway) handler(hop bool) http.Handler {
 		return mux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c := g.id.Classify(r.TLS); c.Class != identity.Peer {
+		if c := g.id.Classify(r.TLS); c.Class != identity.Peer || !g.isPeer(c.Site) {
+			// A grid certificate is not enough: only this site's peers
+			// (configured, or admitted by gossip) may send it requests.
+			g.m.hopRefused.Inc()
 			w.Header().Set("Connection", "close")
 			errHopForbidden.write(w, 0)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// isPeer reports whether site is one of this site's peers, as the
+// operator's serving document lists them.
+func (g *Gateway) isPeer(site string) bool {
+	s := g.serving.Load()
+	return s != nil && slices.ContainsFunc(s.Peers, func(p signals.ServingPeer) bool { return p.Site == site })
 }
 
 func (g *Gateway) snapshot(hop bool) *route.Snapshot {

@@ -1,16 +1,23 @@
 package gateway
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
@@ -89,20 +96,78 @@ func TestRetryOnRefusedConnection(t *testing.T) {
 	}
 }
 
+// TestHopRefusesNonPeers: the hop listener takes requests from this site's
+// peers only. No certificate, or a valid grid certificate of a site that is
+// not a peer, gets 403 and is counted; a peer's request is routed (here to
+// an upstream that refuses, so the peer is told it was not delivered).
 func TestHopRefusesNonPeers(t *testing.T) {
-	g := benchGateway(t, "http://127.0.0.1:9")
-	defer g.Close()
-	// Without a verified peer certificate (here: no TLS at all) the hop
-	// handler refuses.
-	srv := httptest.NewServer(g.HopHandler())
-	defer srv.Close()
-	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	dir := t.TempDir()
+	now := time.Now()
+	identity.Init(dir, "grid.internal", now)
+	for _, site := range []string{"east", "west", "north"} {
+		identity.Issue(dir, site, nil, now)
+	}
+	load := func(site string) *identity.Source {
+		src, err := identity.LoadSource(config.TLS{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, site+".crt"), Key: filepath.Join(dir, site+".key")},
+			"grid.internal", site, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	east := load("east")
+	cfg, err := config.ParseGateway("test", []byte(fmt.Sprintf("site: east\ntls: {ca: %q, cert: %q, key: %q}\noperator: {signals: \"https://127.0.0.1:1\"}\n",
+		filepath.Join(dir, "ca.crt"), filepath.Join(dir, "east.crt"), filepath.Join(dir, "east.key"))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 403 {
-		t.Errorf("status %d", resp.StatusCode)
+	g, err := New(cfg, Options{Identity: east})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers: []signals.ServingPeer{{Site: "west"}}})
+	g.refresh()
+	g.firstOnce.Do(func() { close(g.first) })
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: g.HopHandler(), ErrorLog: log.New(io.Discard, "", 0)}
+	go srv.Serve(tls.NewListener(ln, HopTLS(east)))
+	defer srv.Close()
+	post := func(from *identity.Source) (int, http.Header) {
+		conf := &tls.Config{InsecureSkipVerify: true} // the server's identity is not what this test checks
+		if from != nil {
+			c, err := from.ClientTLS("east")
+			if err != nil {
+				t.Fatal(err)
+			}
+			conf = c
+		}
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
+		resp, err := client.Post("https://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+sim.DefaultModel+`"}`))
+		if err != nil {
+			return 0, nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	if code, _ := post(load("north")); code != http.StatusForbidden {
+		t.Errorf("a grid site that is not a peer: %d, want 403", code)
+	}
+	if code, _ := post(nil); code != 0 && code != http.StatusForbidden {
+		t.Errorf("no client certificate: %d", code)
+	}
+	if got := testutil.ToFloat64(g.m.hopRefused); got < 1 {
+		t.Errorf("grid_gateway_hop_refused_total %v", got)
+	}
+	code, h := post(load("west"))
+	if code != http.StatusBadGateway || h.Get(headerNotDelivered) != "1" {
+		t.Errorf("a peer's request to a refusing provider: %d, not-delivered %q", code, h.Get(headerNotDelivered))
 	}
 }
 
