@@ -329,7 +329,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		switch g.forward(w, r, body, c) {
+		switch g.forward(w, r, body, c, began) {
 		case delivered:
 			g.durations.observe(float64(g.clk.Now().Sub(began).Milliseconds()))
 			return "routed"
@@ -407,7 +407,7 @@ var errNotDelivered = errors.New("the peer gateway could not deliver the request
 // forward proxies one attempt to c, streaming the answer through
 // unbuffered. Every failure is classified and counted
 // (grid_gateway_upstream_errors_total) and told to passive health.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate) (result attempt) {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate, began time.Time) (result attempt) {
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
 		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
@@ -428,7 +428,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
 				return errNotDelivered
 			}
-			g.health.answered(c, resp.StatusCode)
+			g.health.answered(c, resp.StatusCode, began)
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
@@ -436,7 +436,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied.
 			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(), failed: func(err error) {
-				g.upstreamFailed(c, upstreamStream, err)
+				g.upstreamFailed(c, upstreamStream, err, began)
 			}}
 			return nil
 		},
@@ -445,7 +445,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 				return // the client went away; nothing to answer or count
 			}
 			kind := classifyUpstream(err)
-			g.upstreamFailed(c, kind, err)
+			g.upstreamFailed(c, kind, err, began)
 			if kind.nothingSent() && !tw.wrote {
 				result = notSent
 				return
@@ -520,14 +520,14 @@ func classifyUpstream(err error) upstreamFailure {
 }
 
 // upstreamFailed counts a failure and tells passive health.
-func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err error) {
+func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err error, began time.Time) {
 	g.m.upstreamErrors.WithLabelValues(c.Site, string(kind)).Inc()
 	g.log.Debug("upstream failure", "site", c.Site, "provider", c.Provider, "reason", kind, "err", err)
 	if kind.nothingSent() {
 		g.health.failed(c)
 		return
 	}
-	g.health.answered(c, http.StatusBadGateway)
+	g.health.answered(c, http.StatusBadGateway, began)
 }
 
 // watchedBody reports the first error reading an upstream's answer, other

@@ -102,9 +102,10 @@ type health struct {
 }
 
 type downState struct {
-	until   time.Time
-	backoff time.Duration // zero until the first ejection
-	errors  int           // consecutive 5xx answers
+	until     time.Time
+	ejectedAt time.Time     // the latest ejection
+	backoff   time.Duration // zero until the first ejection
+	errors    int           // consecutive failed answers
 }
 
 const (
@@ -142,7 +143,9 @@ func (h *health) state(c *route.Candidate) *downState {
 
 func (h *health) eject(s *downState, reason string) {
 	s.backoff = min(max(2*s.backoff, minDown), maxDown)
-	s.until = h.clk.Now().Add(s.backoff)
+	s.ejectedAt = h.clk.Now()
+	s.until = s.ejectedAt.Add(s.backoff)
+	s.errors = 0
 	if h.ejected != nil {
 		h.ejected(reason)
 	}
@@ -155,8 +158,12 @@ func (h *health) failed(c *route.Candidate) {
 	h.eject(h.state(c), ejectRefused)
 }
 
-// answered notes an upstream's answer status.
-func (h *health) answered(c *route.Candidate, status int) {
+// answered notes the answer status of a request sent at began. A failure
+// of a request sent before the upstream's latest ejection belongs to the
+// streak that ejected it, already counted: under concurrency it must not
+// start the next streak, or an upstream would be ejected again after fewer
+// than five fresh failures.
+func (h *health) answered(c *route.Candidate, status int, began time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if status < 500 {
@@ -164,8 +171,10 @@ func (h *health) answered(c *route.Candidate, status int) {
 		return
 	}
 	s := h.state(c)
+	if began.Before(s.ejectedAt) {
+		return
+	}
 	if s.errors++; s.errors >= ejectAfter5xx {
-		s.errors = 0
 		h.eject(s, eject5xx)
 	}
 }

@@ -22,12 +22,12 @@ func TestPassiveHealth(t *testing.T) {
 
 	// Four 5xx in a row leave the upstream in; the fifth ejects it for 2s.
 	for i := range 4 {
-		h.answered(east, 500)
+		h.answered(east, 500, clk.Now())
 		if h.isDown(east) {
 			t.Fatalf("ejected after %d 5xx answers", i+1)
 		}
 	}
-	h.answered(east, 502)
+	h.answered(east, 502, clk.Now())
 	if !h.isDown(east) || len(ejections) != 1 || ejections[0] != eject5xx {
 		t.Fatalf("five 5xx in a row: down %v, ejections %v", h.isDown(east), ejections)
 	}
@@ -37,22 +37,22 @@ func TestPassiveHealth(t *testing.T) {
 	}
 	// Five more double the period; an answer below 500 clears it all.
 	for range 5 {
-		h.answered(east, 503)
+		h.answered(east, 503, clk.Now())
 	}
 	clk.Advance(3 * time.Second)
 	if !h.isDown(east) {
 		t.Error("the second ejection did not double to 4s")
 	}
-	h.answered(east, 200)
+	h.answered(east, 200, clk.Now())
 	if h.isDown(east) {
 		t.Error("a good answer did not clear the ejection")
 	}
 	// A 5xx streak is broken by a good answer.
 	for range 4 {
-		h.answered(east, 500)
+		h.answered(east, 500, clk.Now())
 	}
-	h.answered(east, 404)
-	h.answered(east, 500)
+	h.answered(east, 404, clk.Now())
+	h.answered(east, 500, clk.Now())
 	if h.isDown(east) {
 		t.Error("ejected though the 5xx were not in a row")
 	}
@@ -103,3 +103,33 @@ type timeoutError struct{}
 func (timeoutError) Error() string   { return "i/o timeout" }
 func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
+
+// TestEjectionCountsExactlyUnderConcurrency: requests in flight when an
+// upstream is ejected fail after the ejection; their failures belong to the
+// streak that ejected it and start no new one, so the next ejection takes
+// five fresh failures, as documented.
+func TestEjectionCountsExactlyUnderConcurrency(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_000_000, 0))
+	ejections := 0
+	h := newHealth(clk, func(string) { ejections++ })
+	east := &route.Candidate{Site: "east", Provider: "pool", Local: true}
+	sent := clk.Now() // eight requests go out at once
+	clk.Advance(time.Millisecond)
+	for range 8 {
+		h.answered(east, 500, sent)
+	}
+	if ejections != 1 {
+		t.Fatalf("eight concurrent failures: %d ejections, want 1", ejections)
+	}
+	clk.Advance(2 * time.Second) // the ejection ends
+	for i := range 4 {
+		h.answered(east, 500, clk.Now())
+		if h.isDown(east) {
+			t.Fatalf("ejected again after %d fresh failures (the in-flight ones were counted twice)", i+1)
+		}
+	}
+	h.answered(east, 500, clk.Now())
+	if !h.isDown(east) || ejections != 2 {
+		t.Errorf("the fifth fresh failure: down %v, %d ejections", h.isDown(east), ejections)
+	}
+}
