@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -145,6 +146,7 @@ hop: {listen: %[4]q}
 metrics: {listen: %[5]q}
 operator: {signals: "https://%[6]s"}
 pollInterval: %[7]s
+limits: {bodyBytes: 8388608}
 `, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, faultGwPoll)
 	s.gwConfig = filepath.Join(g.dir, s.name+"-gateway.yaml")
 	os.WriteFile(s.gwConfig, []byte(gw), 0o600)
@@ -631,6 +633,7 @@ func TestFaults(t *testing.T) {
 		{"gateway started before its operator", gatewayBeforeOperator},
 		{"idle gateway wakes after a provider went unavailable", idleWake},
 		{"a grid certificate of a site that is not a peer calls the hop listener", nonPeerHop},
+		{"anonymous clients send large bodies and stall", bodyBudgetAttack},
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			g.t = t
@@ -1235,4 +1238,75 @@ func nonPeerHop(t *testing.T, g *faultGrid) reliabilityRow {
 	}
 	return reliabilityRow{fault: "a valid grid certificate of a site that is not a peer calls the hop listener",
 		expected: "403, counted; a peer is served", observed: fmt.Sprintf("north: %d, west: %d", north, west)}
+}
+
+// bodyBudgetAttack opens 60 connections to east's gateway that each declare
+// a 10 MiB body, send 1 MiB of it and stall. With limits.bodyBytes at 8 MiB
+// the gateway's memory stays bounded (it refuses, 503 body_budget, what
+// does not fit) and a client sending ordinary requests keeps being served.
+func bodyBudgetAttack(t *testing.T, g *faultGrid) reliabilityRow {
+	s := g.sites["east"]
+	rss := func() int64 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.gw.cmd.Process.Pid))
+		if err != nil {
+			t.Skip("no /proc: cannot read the gateway's memory")
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+		return 0
+	}
+	before := rss()
+	refusedBefore := sample(g.metricsOf("east", "gw"), "grid_gateway_body_budget_refused_total")
+	chunk := strings.Repeat("x", 64<<10)
+	var conns []net.Conn
+	for range 60 {
+		c, err := net.Dial("tcp", s.client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: east\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 10<<20)
+		conns = append(conns, c)
+	}
+	for range 16 { // 1 MiB each, where the gateway still reads
+		for _, c := range conns {
+			c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			c.Write([]byte(chunk))
+		}
+	}
+	cl := startClients(s.client)
+	time.Sleep(2 * time.Second) // the attack holds; the client keeps asking
+	peak := rss()
+	held := sample(g.metricsOf("east", "gw"), "grid_gateway_body_bytes_held")
+	refused := sample(g.metricsOf("east", "gw"), "grid_gateway_body_budget_refused_total") - refusedBefore
+	served := cl.halt()
+	ok := 0
+	for _, o := range served {
+		if o.status == 200 {
+			ok++
+		}
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	t.Logf("body attack: RSS %d → %d MiB, %v bytes held, %v refused; the other client: %s", before>>20, peak>>20, held, refused, summary(served))
+	if held > 8<<20 {
+		t.Errorf("%v bytes of bodies held over the 8 MiB budget", held)
+	}
+	if refused < 40 {
+		t.Errorf("only %v of 60 attacking bodies refused", refused)
+	}
+	if peak-before > 48<<20 {
+		t.Errorf("the gateway grew %d MiB under the attack (60 × 10 MiB declared, budget 8 MiB)", (peak-before)>>20)
+	}
+	if ok == 0 || ok < len(served)*9/10 {
+		t.Errorf("the ordinary client was served %d of %d times during the attack", ok, len(served))
+	}
+	return reliabilityRow{fault: "60 anonymous connections each declare a 10 MiB body, send 1 MiB and stall (limits.bodyBytes 8 MiB)",
+		expected: "memory bounded by the budget; the rest refused with 503 body_budget; other clients served",
+		observed: fmt.Sprintf("RSS %d → %d MiB; %.0f refused; other client: %s", before>>20, peak>>20, refused, summary(served))}
 }

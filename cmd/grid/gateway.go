@@ -33,6 +33,9 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		return nil
 	}
 	log := e.log.With("component", "gateway", "site", cfg.Site)
+	if limit := gateway.SetMemoryLimitFromCgroup(); limit > 0 {
+		log.Info("memory limit set from the cgroup (GOMEMLIMIT not given)", "bytes", limit)
+	}
 	clk := clock.Real{}
 	id, err := identity.LoadSource(*cfg.TLS, cfg.TrustDomain, cfg.Site, clk, log)
 	if err != nil {

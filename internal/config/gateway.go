@@ -71,6 +71,10 @@ type GatewayLimits struct {
 	// HeaderReadTimeout bounds reading a request's headers (and, on the hop
 	// listener, the TLS handshake before them).
 	HeaderReadTimeout Duration `yaml:"headerReadTimeout"`
+	// BodyBytes bounds the request bodies the gateway holds in memory at
+	// once, across every connection; 0 derives it from the memory limit
+	// (docs/gateway.md).
+	BodyBytes int64 `yaml:"bodyBytes"`
 }
 
 // OperatorRef locates the local operator.

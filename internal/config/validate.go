@@ -229,6 +229,9 @@ func (c *Gateway) validate(doc *document) error {
 	p.atLeast("limits.hopConns", c.Limits.HopConns, 0)
 	p.atLeast("limits.hopConnsPerSource", c.Limits.HopConnsPerSource, 0)
 	p.positive("limits.bodyReadTimeout", c.Limits.BodyReadTimeout)
+	if c.Limits.BodyBytes < 0 {
+		p.addf("limits.bodyBytes", "must not be negative (0 derives it from the memory limit), got %d", c.Limits.BodyBytes)
+	}
 	p.positive("upstream.connectTimeout", c.Upstream.ConnectTimeout)
 	p.positive("upstream.responseHeaderTimeout", c.Upstream.ResponseHeaderTimeout)
 	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)

@@ -36,6 +36,7 @@ var (
 	apiInvalidJSON         = apiError{http.StatusBadRequest, "invalid_request_error", "invalid_json", false, "the request body is not a JSON object"}
 	apiAmbiguousModel      = apiError{http.StatusBadRequest, "invalid_request_error", "ambiguous_model", false, `the request body names "model" more than once`}
 	errUnknownURL          = apiError{http.StatusNotFound, "invalid_request_error", "unknown_url", false, "no such API path"}
+	errBodyBudget          = apiError{http.StatusServiceUnavailable, "server_error", "body_budget", true, "the gateway holds as many request bodies as it may; retry shortly"}
 	errMethodNotAllowed    = apiError{http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", false, "this API path does not take this method"}
 )
 
@@ -43,7 +44,7 @@ var (
 var apiErrors = []apiError{
 	errModelRequired, errBadBody, errTooLarge, errBodyTimeout, errShed, errNoHealthySite,
 	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden, errOperatorUnreachable,
-	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed,
+	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed, errBodyBudget,
 }
 
 // retryAfter spreads clients' retries over 3 to 7 seconds.

@@ -32,6 +32,7 @@ import (
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/signals"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Bounds of the operator exchange.
@@ -63,6 +64,8 @@ type Gateway struct {
 	timeline *loadstore.Timeline
 	store    *loadstore.Store
 	builder  *route.Builder
+	// bodies bounds the request bodies held in memory (limits.bodyBytes).
+	bodies *bodyBudget
 	// own is the age-aware pick's memory of this gateway's sends: the one
 	// routing state the request path writes (route.OwnSends).
 	own *route.OwnSends
@@ -179,6 +182,16 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	})
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream)
+	g.bodies = &bodyBudget{limit: cfg.Limits.BodyBytes}
+	if g.bodies.limit == 0 {
+		g.bodies.limit = defaultBodyBudget()
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_held",
+		Help: "Bytes of request bodies the gateway holds in memory now (reserved from limits.bodyBytes)."},
+		func() float64 { return float64(g.bodies.used.Load()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_limit",
+		Help: "The request-body budget, limits.bodyBytes or its derived default."},
+		func() float64 { return float64(g.bodies.limit) }))
 	var seed [8]byte
 	rand.Read(seed[:])
 	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step

@@ -15,26 +15,27 @@ import (
 
 // metrics are the gateway's series (docs/protocol.md §5).
 type metrics struct {
-	reg              *prometheus.Registry
-	decisions        *prometheus.CounterVec
-	selections       *prometheus.CounterVec
-	rho              *prometheus.GaugeVec
-	weight           *prometheus.GaugeVec
-	ceiling          *prometheus.GaugeVec
-	score            *prometheus.GaugeVec
-	shedding         *prometheus.GaugeVec
-	polls            *prometheus.CounterVec
-	lastSuccess      prometheus.Gauge
-	responseBytes    prometheus.Gauge
-	dropped          *prometheus.CounterVec
-	reloads          *prometheus.CounterVec
-	duration         *prometheus.HistogramVec
-	retries          prometheus.Counter
-	feedbackFailures *prometheus.CounterVec
-	connsShed        *prometheus.CounterVec
-	ejections        *prometheus.CounterVec
-	upstreamErrors   *prometheus.CounterVec
-	hopRefused       prometheus.Counter
+	reg               *prometheus.Registry
+	decisions         *prometheus.CounterVec
+	selections        *prometheus.CounterVec
+	rho               *prometheus.GaugeVec
+	weight            *prometheus.GaugeVec
+	ceiling           *prometheus.GaugeVec
+	score             *prometheus.GaugeVec
+	shedding          *prometheus.GaugeVec
+	polls             *prometheus.CounterVec
+	lastSuccess       prometheus.Gauge
+	responseBytes     prometheus.Gauge
+	dropped           *prometheus.CounterVec
+	reloads           *prometheus.CounterVec
+	duration          *prometheus.HistogramVec
+	retries           prometheus.Counter
+	feedbackFailures  *prometheus.CounterVec
+	connsShed         *prometheus.CounterVec
+	ejections         *prometheus.CounterVec
+	upstreamErrors    *prometheus.CounterVec
+	hopRefused        prometheus.Counter
+	bodyBudgetRefused prometheus.Counter
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -61,6 +62,8 @@ func newMetrics() *metrics {
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
 		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop, metrics) and limit (total, source)."}, []string{"listener", "limit"}),
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
+		bodyBudgetRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_body_budget_refused_total",
+			Help: "Requests refused (503 body_budget) because the request bodies held in memory reached limits.bodyBytes."}),
 		hopRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
 			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (configured, or admitted by gossip)."}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
@@ -89,7 +92,7 @@ func newMetrics() *metrics {
 		}
 	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused, m.bodyBudgetRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -242,10 +242,15 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	outcome := "routed"
 	defer func() { g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds()) }()
 
-	body, refusal := g.readBody(w, r)
+	body, reserved, refusal := g.readBody(w, r)
+	defer g.bodies.release(reserved)
 	if refusal != nil {
 		outcome = "bad_request"
-		refusal.write(w, 0)
+		if refusal == &errBodyBudget {
+			outcome = "body_budget"
+			g.m.bodyBudgetRefused.Inc()
+		}
+		refusal.write(w, g.turn.Add(1))
 		return
 	}
 	model := r.Header.Get(headerModel)
@@ -289,27 +294,81 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	outcome = g.proxy(w, r, body, snap, model, pick, turn, hop)
 }
 
-// readBody reads the request body whole, bounded in size and, under a
-// deadline lifted once it is in, in time: a client that trickles its body
-// must not hold a connection forever, and a stream that follows must not be
-// cut by it. Deadlines are wall time, whatever clock the routing runs on.
-func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+// readBody reads the request body whole, bounded in size, in time (under a
+// deadline lifted once it is in: a client that trickles its body must not
+// hold a connection forever, and a stream that follows must not be cut by
+// it; deadlines are wall time, whatever clock the routing runs on), and by
+// the gateway-wide body budget. Every request may hold bodyAllowance bytes
+// without touching the budget, so the ordinary small request is never
+// refused for it; what a body holds beyond that is reserved from the budget
+// before it is read: all of it at once when the client declared its length
+// (so a client that declares 10 MiB and stalls is refused at once when the
+// budget has not 10 MiB left), else as the buffer grows. The buffer grows
+// as bytes arrive, whatever was declared. It returns the bytes reserved, to
+// release when the request is done (the body is kept for a retry).
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte, reserved int64, refusal *apiError) {
+	if r.ContentLength > maxBody {
+		return nil, 0, &errTooLarge
+	}
+	declared := r.ContentLength >= 0
+	limit := int64(maxBody + 1)
+	if declared {
+		limit = r.ContentLength + 1 // room to see the end
+		if need := limit - bodyAllowance; need > 0 {
+			if !g.bodies.reserve(need) {
+				w.Header().Set("Connection", "close")
+				return nil, 0, &errBodyBudget
+			}
+			reserved = need
+		}
+	}
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(g.cfg.Load().Limits.BodyReadTimeout.D()))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	rc.SetReadDeadline(time.Time{})
-	var tooBig *http.MaxBytesError
-	switch {
-	case err == nil:
-		return body, nil
-	case errors.As(err, &tooBig):
-		return nil, &errTooLarge
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		w.Header().Set("Connection", "close")
-		return nil, &errBodyTimeout
+	defer rc.SetReadDeadline(time.Time{})
+	in := http.MaxBytesReader(w, r.Body, maxBody)
+	buf := make([]byte, 0, min(limit, bodyChunk))
+	for {
+		if len(buf) == cap(buf) {
+			size := min(2*int64(cap(buf)), limit)
+			if size <= int64(cap(buf)) {
+				return nil, reserved, &errTooLarge
+			}
+			if need := size - max(int64(cap(buf)), bodyAllowance); !declared && need > 0 {
+				if !g.bodies.reserve(need) {
+					w.Header().Set("Connection", "close")
+					return nil, reserved, &errBodyBudget
+				}
+				reserved += need
+			}
+			next := make([]byte, len(buf), size)
+			copy(next, buf)
+			buf = next
+		}
+		n, err := in.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		var tooBig *http.MaxBytesError
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			return buf, reserved, nil
+		case errors.As(err, &tooBig):
+			return nil, reserved, &errTooLarge
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			w.Header().Set("Connection", "close")
+			return nil, reserved, &errBodyTimeout
+		}
+		return nil, reserved, &errBadBody
 	}
-	return nil, &errBadBody
 }
+
+// A body's first buffer, and what every request may hold outside the body
+// budget: a chat request is a few KiB; the limits.clientConns cap bounds
+// what the allowances add up to.
+const (
+	bodyChunk     = 16 << 10
+	bodyAllowance = 64 << 10
+)
 
 // proxy forwards the request to the picked candidate and, when nothing
 // reached that upstream or came back from it (docs/gateway.md, upstream

@@ -35,7 +35,7 @@ func TestBodyLimitsAndModel(t *testing.T) {
 	}{
 		{"too large", `{"model":"m","x":"` + strings.Repeat("a", maxBody) + `"}`, "", 413, "request_too_large"},
 		{"no model", `{"messages":[]}`, "", 400, "model_required"},
-		{"not JSON, no header", `hello`, "", 400, "model_required"},
+		{"not JSON, no header", `hello`, "", 400, "invalid_json"},
 		{"header names an unknown model", `{"model":"` + sim.DefaultModel + `"}`, "other", 404, "model_not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,6 +251,76 @@ func TestOpenAIShapedAnswers(t *testing.T) {
 			resp.Header.Get("Allow") != tc.allow || resp.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("%s %s %s: %d %+v (decode %v), Allow %q, Content-Type %q", tc.method, tc.path, tc.body, resp.StatusCode, got, decodeErr,
 				resp.Header.Get("Allow"), resp.Header.Get("Content-Type"))
+		}
+	}
+}
+
+// TestBodyBudget: request bodies held in memory across connections stay
+// within limits.bodyBytes. Clients that declare large bodies and stall hold
+// the budget; the next large body is refused at once with 503 body_budget
+// and Retry-After, counted, while small requests, which fit the per-request
+// allowance, are still served; once the stalled clients leave, the budget is
+// whole again.
+func TestBodyBudget(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "{}")
+	}))
+	defer upstream.Close()
+	g := gatewayWithEastPoolAt(t, upstream.URL)
+	defer g.Close()
+	g.bodies.limit = 1 << 20 // 1 MiB
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+
+	// Three clients declare 500 KiB each and send 1 KiB of it: two hold
+	// 2 × 436 KiB of the budget (500 less the allowance), the third does
+	// not fit.
+	var stalled []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", 500<<10, strings.Repeat(" ", 1<<10))
+		stalled = append(stalled, c)
+	}
+	waitUntil(t, func() bool { return testutil.ToFloat64(g.m.bodyBudgetRefused) == 1 })
+	if held := g.bodies.used.Load(); held > g.bodies.limit {
+		t.Fatalf("%d bytes reserved over a %d budget", held, g.bodies.limit)
+	}
+	post := func(body string) (*http.Response, string) {
+		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	large := `{"model":"` + sim.DefaultModel + `","pad":"` + strings.Repeat("x", 500<<10) + `"}`
+	if resp, b := post(large); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(b, "body_budget") {
+		t.Errorf("a large body with the budget held: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	if resp, b := post(`{"model":"` + sim.DefaultModel + `"}`); resp.StatusCode != 200 {
+		t.Errorf("a small request with the budget held: %d %s", resp.StatusCode, b)
+	}
+	for _, c := range stalled {
+		c.Close()
+	}
+	waitUntil(t, func() bool { return g.bodies.used.Load() == 0 })
+	if resp, b := post(large); resp.StatusCode != 200 {
+		t.Errorf("a large body once the budget is free: %d %s", resp.StatusCode, b)
+	}
+}
+
+// waitUntil polls cond for up to 10 s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
 		}
 	}
 }
