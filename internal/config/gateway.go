@@ -71,6 +71,9 @@ type GatewayLimits struct {
 	// HeaderReadTimeout bounds reading a request's headers (and, on the hop
 	// listener, the TLS handshake before them).
 	HeaderReadTimeout Duration `yaml:"headerReadTimeout"`
+	// ClientIdleTimeout closes a client's keep-alive connection idle this
+	// long.
+	ClientIdleTimeout Duration `yaml:"clientIdleTimeout"`
 	// BodyBytes bounds the request bodies the gateway holds in memory at
 	// once, across every connection; 0 derives it from the memory limit
 	// (docs/gateway.md).
@@ -137,6 +140,10 @@ const (
 	DefaultHopConnsPerSource = 256
 	DefaultBodyReadTimeout   = 30 * time.Second
 	DefaultHeaderReadTimeout = 10 * time.Second
+	// DefaultClientIdleTimeout: clients of an LLM API send bursts; a
+	// keep-alive reused within 30 s saves a handshake, one idle longer holds
+	// a slot of limits.clientConns that a new client may need.
+	DefaultClientIdleTimeout = 30 * time.Second
 
 	// DefaultUpstreamConnectTimeout: a connection on a network between
 	// sites is made in well under a second; two leaves room for a loaded
@@ -163,6 +170,7 @@ func (c *Gateway) applyDefaults() {
 	setInt(&c.Limits.HopConnsPerSource, DefaultHopConnsPerSource)
 	setDuration(&c.Limits.BodyReadTimeout, DefaultBodyReadTimeout)
 	setDuration(&c.Limits.HeaderReadTimeout, DefaultHeaderReadTimeout)
+	setDuration(&c.Limits.ClientIdleTimeout, DefaultClientIdleTimeout)
 	setDuration(&c.Upstream.ConnectTimeout, DefaultUpstreamConnectTimeout)
 	setDuration(&c.Upstream.ResponseHeaderTimeout, DefaultUpstreamResponseHeaderTimeout)
 	a := &c.Availability

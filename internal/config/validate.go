@@ -235,6 +235,7 @@ func (c *Gateway) validate(doc *document) error {
 	p.positive("upstream.connectTimeout", c.Upstream.ConnectTimeout)
 	p.positive("upstream.responseHeaderTimeout", c.Upstream.ResponseHeaderTimeout)
 	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)
+	p.positive("limits.clientIdleTimeout", c.Limits.ClientIdleTimeout)
 	a := c.Availability
 	inRange := func(path string, v, lo, hi float64) {
 		if math.IsNaN(v) || v < lo || v > hi {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 )
 
 // Limits bound one listener. A zero field is no limit.
@@ -27,24 +28,85 @@ type Limits struct {
 const (
 	ShedTotal  = "total"
 	ShedSource = "source"
+	// ShedIdle counts idle keep-alive connections closed to make room for
+	// a new one when the total is reached.
+	ShedIdle = "idle"
 )
 
 // Listener is a net.Listener whose Accept returns only connections within
 // its limits.
 type Listener struct {
 	net.Listener
-	lim    Limits
 	onShed func(limit string)
 
+	// mu guards everything below; Accept, Close of a connection, SetLimits
+	// and SetIdle may run on any goroutine.
 	mu        sync.Mutex
+	lim       Limits
 	total     int
 	perSource map[netip.Prefix]int
+	// idle holds the connections the server reported idle (SetIdle), with
+	// when they became so: the first to close when the total is reached.
+	idle map[*conn]time.Time
 }
 
-// New wraps ln. onShed, if not nil, is called with ShedTotal or ShedSource
-// for every connection closed for a limit.
+// New wraps ln. onShed, if not nil, is called with ShedTotal, ShedSource or
+// ShedIdle for every connection closed for a limit.
 func New(ln net.Listener, lim Limits, onShed func(limit string)) *Listener {
-	return &Listener{Listener: ln, lim: lim, onShed: onShed, perSource: map[netip.Prefix]int{}}
+	return &Listener{Listener: ln, lim: lim, onShed: onShed, perSource: map[netip.Prefix]int{}, idle: map[*conn]time.Time{}}
+}
+
+// SetLimits changes the limits for connections accepted from now on; held
+// connections over a lowered limit stay until they close.
+func (l *Listener) SetLimits(lim Limits) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lim = lim
+}
+
+// SetIdle records whether c, a connection this listener returned, waits
+// idle between requests (an http.Server's ConnState hook reports it). When
+// the total is reached, the connection idle the longest is closed to admit
+// a new one, rather than turning the new one away: an idle keep-alive
+// costs its client one reconnect, a refused connection costs a request.
+func (l *Listener) SetIdle(c net.Conn, idle bool) {
+	cc, ok := c.(*conn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, open := l.idle[cc]; idle && !cc.closed {
+		if !open {
+			l.idle[cc] = time.Now()
+		}
+		return
+	}
+	delete(l.idle, cc)
+}
+
+// evictIdle closes the connection idle the longest, and reports whether
+// there was one.
+func (l *Listener) evictIdle() bool {
+	l.mu.Lock()
+	var oldest *conn
+	for c, since := range l.idle {
+		if oldest == nil || since.Before(l.idle[oldest]) {
+			oldest = c
+		}
+	}
+	if oldest != nil {
+		delete(l.idle, oldest)
+	}
+	l.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	if l.onShed != nil {
+		l.onShed(ShedIdle)
+	}
+	oldest.Close()
+	return true
 }
 
 // Accept returns the next connection within the limits. Closing it releases
@@ -57,7 +119,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		keys := SourceKeys(c.RemoteAddr())
-		if limit := l.admit(keys); limit != "" {
+		limit := l.admit(keys)
+		if limit == ShedTotal && l.evictIdle() {
+			limit = l.admit(keys)
+		}
+		if limit != "" {
 			// Counted before the close, so whoever sees the close sees
 			// the count.
 			if l.onShed != nil {
@@ -92,9 +158,12 @@ func (l *Listener) admit(keys Keys) string {
 	return ""
 }
 
-func (l *Listener) release(keys Keys) {
+func (l *Listener) release(c *conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	c.closed = true
+	delete(l.idle, c)
+	keys := c.keys
 	l.total--
 	l.drop(keys.Source)
 	if keys.Wide.IsValid() {
@@ -120,10 +189,12 @@ type conn struct {
 	l    *Listener
 	keys Keys
 	once sync.Once
+	// closed is set under l.mu once the connection released its share.
+	closed bool
 }
 
 func (c *conn) Close() error {
-	c.once.Do(func() { c.l.release(c.keys) })
+	c.once.Do(func() { c.l.release(c) })
 	return c.Conn.Close()
 }
 

@@ -1,6 +1,7 @@
 package connlimit
 
 import (
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -180,7 +181,7 @@ func TestPer48Limit(t *testing.T) {
 	if lim := l.admit(other); lim != "" {
 		t.Errorf("another /48 shed by %s", lim)
 	}
-	l.release(other)
+	l.release(&conn{l: l, keys: other})
 	if l.Open() != 3 || len(l.perSource) != 4 {
 		t.Errorf("after release: %d open, %d groups", l.Open(), len(l.perSource))
 	}
@@ -195,4 +196,68 @@ func waitOpen(t *testing.T, l *Listener, want int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestIdleConnectionsGoFirst: with the total reached, a new connection
+// closes the one idle the longest instead of being turned away; with none
+// idle it is turned away. Limits set later apply to new connections.
+func TestIdleConnectionsGoFirst(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shed []string
+	var mu sync.Mutex
+	l := New(raw, Limits{Total: 2}, func(limit string) { mu.Lock(); shed = append(shed, limit); mu.Unlock() })
+	defer l.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial()
+	dial()
+	first, second := <-accepted, <-accepted
+	l.SetIdle(first, true)
+	time.Sleep(time.Millisecond)
+	l.SetIdle(second, true)
+	l.SetIdle(second, false) // second is busy again
+	dial()
+	third := <-accepted
+	if _, err := first.Read(make([]byte, 1)); err == nil {
+		t.Error("the idle connection was not closed for the new one")
+	}
+	mu.Lock()
+	if len(shed) != 1 || shed[0] != ShedIdle {
+		t.Errorf("shed %v, want one idle", shed)
+	}
+	mu.Unlock()
+	// Nothing idle: the next is turned away.
+	c := dial()
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("a fourth connection with none idle: %v, want closed", err)
+	}
+	// A raised limit applies to the next connection.
+	l.SetLimits(Limits{Total: 3})
+	dial()
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Error("a connection within the raised limit was not accepted")
+	}
+	_ = third
 }

@@ -14,15 +14,30 @@ import (
 // reservation is held until the request is done (the body is kept for a
 // retry). Any goroutine may reserve and release.
 type bodyBudget struct {
-	limit int64
+	limit atomic.Int64
 	used  atomic.Int64
+}
+
+// newBodyBudget is a budget of limit bytes, or the default for 0.
+func newBodyBudget(limit int64) *bodyBudget {
+	b := &bodyBudget{}
+	b.setLimit(limit)
+	return b
+}
+
+// setLimit changes the budget (a reload); held reservations stay.
+func (b *bodyBudget) setLimit(limit int64) {
+	if limit == 0 {
+		limit = defaultBodyBudget()
+	}
+	b.limit.Store(limit)
 }
 
 // reserve takes n bytes, or reports false when the budget has not n left.
 func (b *bodyBudget) reserve(n int64) bool {
 	for {
 		used := b.used.Load()
-		if used+n > b.limit {
+		if used+n > b.limit.Load() {
 			return false
 		}
 		if b.used.CompareAndSwap(used, used+n) {

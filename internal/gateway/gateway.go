@@ -28,6 +28,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
@@ -66,6 +67,8 @@ type Gateway struct {
 	builder  *route.Builder
 	// bodies bounds the request bodies held in memory (limits.bodyBytes).
 	bodies *bodyBudget
+	// guards are the listeners' connection caps, set by Guard.
+	guards [numListeners]atomic.Pointer[connlimit.Listener]
 	// own is the age-aware pick's memory of this gateway's sends: the one
 	// routing state the request path writes (route.OwnSends).
 	own *route.OwnSends
@@ -182,16 +185,13 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	})
 	g.cfg.Store(cfg)
 	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream)
-	g.bodies = &bodyBudget{limit: cfg.Limits.BodyBytes}
-	if g.bodies.limit == 0 {
-		g.bodies.limit = defaultBodyBudget()
-	}
+	g.bodies = newBodyBudget(cfg.Limits.BodyBytes)
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_held",
 		Help: "Bytes of request bodies the gateway holds in memory now (reserved from limits.bodyBytes)."},
 		func() float64 { return float64(g.bodies.used.Load()) }))
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_limit",
 		Help: "The request-body budget, limits.bodyBytes or its derived default."},
-		func() float64 { return float64(g.bodies.limit) }))
+		func() float64 { return float64(g.bodies.limit.Load()) }))
 	var seed [8]byte
 	rand.Read(seed[:])
 	g.turn.Store(binary.LittleEndian.Uint64(seed[:])) // replicas do not move in step
@@ -233,7 +233,17 @@ func (g *Gateway) Reload(next *config.Gateway) error {
 		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || *next.TLS != *cur.TLS || next.Upstream != cur.Upstream {
 		return errors.New("site, trustDomain, tls, operator, upstream and listeners cannot change on reload; restart the gateway")
 	}
+	if next.Limits.HeaderReadTimeout != cur.Limits.HeaderReadTimeout || next.Limits.ClientIdleTimeout != cur.Limits.ClientIdleTimeout {
+		return errors.New("limits.headerReadTimeout and limits.clientIdleTimeout are the listeners' and need a restart; the other limits apply on reload")
+	}
 	g.cfg.Store(next)
+	// Connection caps and the body budget apply to what comes next.
+	for _, l := range Listeners {
+		if gl := g.guards[l].Load(); gl != nil {
+			gl.SetLimits(connLimits(l, next.Limits))
+		}
+	}
+	g.bodies.setLimit(next.Limits.BodyBytes)
 	g.refresh()
 	return nil
 }

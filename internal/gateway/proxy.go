@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/route"
@@ -66,6 +67,8 @@ const (
 	HopListener
 	// MetricsListener serves /metrics, the probes and the dashboard.
 	MetricsListener
+
+	numListeners
 )
 
 // Listeners lists every listener, in the order they are started.
@@ -84,29 +87,35 @@ func (l Listener) String() string {
 	return fmt.Sprintf("Listener(%d)", uint8(l))
 }
 
-// Guard bounds ln, the given listener, by the configured limits (read once,
-// at start), counting the connections it sheds.
+// Guard bounds ln, the given listener, by the configured limits, counting
+// the connections it sheds. The limits follow reloads (Reload).
 func (g *Gateway) Guard(listener Listener, ln net.Listener) net.Listener {
-	lim := g.cfg.Load().Limits
-	var l connlimit.Limits
+	shed, name := g.m.connsShed, listener.String()
+	gl := connlimit.New(ln, connLimits(listener, g.cfg.Load().Limits), func(limit string) { shed.WithLabelValues(name, limit).Inc() })
+	g.guards[listener].Store(gl)
+	return gl
+}
+
+// connLimits are a listener's connection caps under lim.
+func connLimits(listener Listener, lim config.GatewayLimits) connlimit.Limits {
 	switch listener {
 	case ClientListener:
-		l = connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
+		return connlimit.Limits{Total: lim.ClientConns, PerSource: lim.ClientConnsPerSource, PerSource48: 4 * lim.ClientConnsPerSource}
 	case HopListener:
-		l = connlimit.Limits{Total: lim.HopConns, PerSource: lim.HopConnsPerSource, PerSource48: 4 * lim.HopConnsPerSource}
+		return connlimit.Limits{Total: lim.HopConns, PerSource: lim.HopConnsPerSource, PerSource48: 4 * lim.HopConnsPerSource}
 	case MetricsListener:
-		l = connlimit.Limits{Total: MetricsConns}
-	default:
-		panic("gateway: guard for " + listener.String())
+		return connlimit.Limits{Total: MetricsConns}
 	}
-	shed, name := g.m.connsShed, listener.String()
-	return connlimit.New(ln, l, func(limit string) { shed.WithLabelValues(name, limit).Inc() })
+	panic("gateway: limits for " + listener.String())
 }
 
 // Server returns the HTTP server of one of the gateway's listeners. Client
 // and hop requests may stream for as long as the model generates, so there
 // is no write timeout; headers are bounded in size and time, and idle
-// connections closed. Limits are read once, at start.
+// connections closed (a client's sooner: limits.clientIdleTimeout). The
+// server tells the listener's guard which connections wait idle, so that
+// those close first when the listener is full. Timeouts are read once, at
+// start.
 func (g *Gateway) Server(listener Listener, errLog *log.Logger) *http.Server {
 	lim := g.cfg.Load().Limits
 	srv := &http.Server{
@@ -114,10 +123,16 @@ func (g *Gateway) Server(listener Listener, errLog *log.Logger) *http.Server {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          errLog,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if gl := g.guards[listener].Load(); gl != nil {
+				gl.SetIdle(c, st == http.StateIdle)
+			}
+		},
 	}
 	switch listener {
 	case ClientListener:
 		srv.Handler = g.ClientHandler()
+		srv.IdleTimeout = lim.ClientIdleTimeout.D()
 	case HopListener:
 		srv.Handler = g.HopHandler()
 	case MetricsListener:

@@ -269,7 +269,7 @@ func TestBodyBudget(t *testing.T) {
 	defer upstream.Close()
 	g := gatewayWithEastPoolAt(t, upstream.URL)
 	defer g.Close()
-	g.bodies.limit = 1 << 20 // 1 MiB
+	g.bodies.setLimit(1 << 20)
 	srv := httptest.NewServer(g.ClientHandler())
 	defer srv.Close()
 
@@ -287,8 +287,8 @@ func TestBodyBudget(t *testing.T) {
 		stalled = append(stalled, c)
 	}
 	waitUntil(t, func() bool { return testutil.ToFloat64(g.m.bodyBudgetRefused) == 1 })
-	if held := g.bodies.used.Load(); held > g.bodies.limit {
-		t.Fatalf("%d bytes reserved over a %d budget", held, g.bodies.limit)
+	if held := g.bodies.used.Load(); held > g.bodies.limit.Load() {
+		t.Fatalf("%d bytes reserved over a %d budget", held, g.bodies.limit.Load())
 	}
 	post := func(body string) (*http.Response, string) {
 		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
