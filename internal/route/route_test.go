@@ -670,3 +670,67 @@ func TestPickNeverWritesTheSnapshot(t *testing.T) {
 		t.Errorf("own sends after a rebuild: %.1f in flight, want about 16", total)
 	}
 }
+
+// TestClaimedProvidersShareOneFloor: capacity a provider has not
+// demonstrated is credited per site and model: a site's idle providers
+// weigh one floor together, however many it claims. Under the default
+// policy a site that claims 64 idle providers draws about what it draws
+// claiming one, instead of 64 floors' worth (which took 99 of 100 requests
+// from a victim with one demonstrated provider). The reference policy's
+// arms compare providers, not sites, so there many claimed providers still
+// win every two-choices draw against a busier site (docs/security.md); its
+// figures are logged, not held.
+func TestClaimedProvidersShareOneFloor(t *testing.T) {
+	share := func(ageAware bool, claimed int) float64 {
+		w := newWorld(t, "home")
+		w.set.AgeAware, w.set.MeanDurationMs = ageAware, 1000
+		publish := func(site, provider string, at int64, running float64) {
+			lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
+			w.seq++
+			body := fmt.Sprintf("llm_d_epp_average_running_requests{%[1]s,name=%[2]q} %[3]g %[4]d\n"+
+				"llm_d_epp_ready_endpoints{%[1]s,name=%[2]q} 1 %[4]d\n"+
+				"llm_d_epp_average_queue_size{%[1]s,name=%[2]q} 0 %[4]d\n"+
+				"grid_provider_config_generation{batch_samples=\"3\",batch_sequence=\"%[5]d\",%[1]s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %[4]d\n",
+				lbl, provider, running, at, w.seq)
+			if res := w.store.Ingest([]byte(body), at, at, at, signals.Origin{Site: "hub", Relay: true}); res.Refused.Total() != 0 {
+				t.Fatalf("refused %v", res.Refused)
+			}
+		}
+		for i := range claimed {
+			p := fmt.Sprintf("h%02d", i)
+			w.cands = append(w.cands, Candidate{Model: "m", Site: "hostile", Provider: p, Upstream: &url.URL{Scheme: "http", Host: p}})
+		}
+		// home demonstrated 16 (held with nothing queued), then idles;
+		// the hostile site's providers claim to be idle.
+		publish("home", "p", 1000, 16)
+		w.build(1000)
+		publish("home", "p", 2000, 0)
+		for i := range claimed {
+			publish("hostile", fmt.Sprintf("h%02d", i), 2000, 0)
+		}
+		snap := w.build(2000)
+		var weight float64
+		for _, c := range snap.Candidates {
+			if c.Site == "hostile" {
+				weight += c.Capacity
+			}
+		}
+		if weight > w.set.CeilingFloor+1e-9 {
+			t.Errorf("%d idle hostile providers weigh %.2f together, more than one floor (%g)", claimed, weight, w.set.CeilingFloor)
+		}
+		hostile := 0
+		for turn := range uint64(2000) {
+			if p := snap.Pick("m", turn, 2000+int64(turn)*10, w.own); p.Candidate != nil && p.Candidate.Site == "hostile" {
+				hostile++
+			}
+		}
+		return float64(hostile) / 2000
+	}
+	for _, ageAware := range []bool{false, true} {
+		one, many := share(ageAware, 1), share(ageAware, 64)
+		t.Logf("age-aware %v: the hostile site draws %.2f claiming one provider, %.2f claiming 64", ageAware, one, many)
+		if ageAware && (many > one+0.1 || many > 0.5) {
+			t.Errorf("age-aware %v: claiming 64 idle providers draws %.2f, claiming one %.2f", ageAware, many, one)
+		}
+	}
+}

@@ -208,8 +208,21 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cands := append([]Candidate(nil), base...)
+	// Capacity a provider has not demonstrated (the ceiling floor, the
+	// explore floor) is credited per site and model, not per provider: a
+	// site's providers of one model share one floor, so a site that claims
+	// 64 idle providers weighs no more than one that claims one
+	// (docs/routing.md, docs/security.md). What a provider demonstrated, by
+	// holding requests, is its own.
+	providers := map[[2]string]int{}
 	for i := range cands {
-		b.measure(store, &cands[i], now, set)
+		providers[[2]string{cands[i].Site, cands[i].Model}]++
+	}
+	share := func(c *Candidate) float64 { return 1 / float64(providers[[2]string{c.Site, c.Model}]) }
+	for i := range cands {
+		s := set
+		s.CeilingFloor *= share(&cands[i])
+		b.measure(store, &cands[i], now, s)
 	}
 	// Explore floor: no measured site weighs less than a share of the
 	// largest, so a site that idles keeps getting enough work to be seen.
@@ -221,7 +234,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	}
 	for i := range cands {
 		if cands[i].Measured {
-			cands[i].Capacity = max(cands[i].Capacity, largest*set.ExploreFloor)
+			cands[i].Capacity = max(cands[i].Capacity, largest*set.ExploreFloor*share(&cands[i]))
 		}
 	}
 	sortByScore(cands)
