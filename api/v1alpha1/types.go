@@ -207,6 +207,19 @@ type InferenceProviderSpec struct {
 	// ready (ProviderUnavailable) whatever its metrics say.
 	// +optional
 	Unavailable bool `json:"unavailable,omitempty"`
+	// AccessPolicy restricts which peer sites may read the provider's
+	// signals and route to it; absent, every peer may.
+	// +optional
+	AccessPolicy *AccessPolicy `json:"accessPolicy,omitempty"`
+}
+
+// AccessPolicy says which peer sites may use a provider.
+type AccessPolicy struct {
+	// SiteSelector selects the peer sites (GridSites, by their
+	// spec.labels) that may read the provider's signals and route to it.
+	// A model is shared with a peer only when every provider of the model
+	// admits it.
+	SiteSelector metav1.LabelSelector `json:"siteSelector"`
 }
 
 // InferenceProviderStatus is what the operator concludes of the provider.

@@ -5,6 +5,7 @@
 package config
 
 import (
+	"slices"
 	"time"
 )
 
@@ -91,7 +92,21 @@ type Peer struct {
 	// Gateway is the base URL of the peer gateway's hop listener, where this
 	// site's gateway forwards requests it routes to that site.
 	Gateway string `yaml:"gateway"`
+	// Models, when set, restricts what the peer may read of this site and
+	// route to it: the providers of these models only. Absent, the peer may
+	// use every provider; an empty list, none.
+	Models []string `yaml:"models"`
 }
+
+// Equal reports whether p and o are the same peer configuration.
+func (p Peer) Equal(o Peer) bool {
+	return p.Site == o.Site && p.Signals == o.Signals && p.Gateway == o.Gateway &&
+		(p.Models == nil) == (o.Models == nil) && slices.Equal(p.Models, o.Models)
+}
+
+// MayUse reports whether the peer may read and route to a provider of
+// model.
+func (p Peer) MayUse(model string) bool { return p.Models == nil || slices.Contains(p.Models, model) }
 
 // Membership is this operator's place in the grid's gossip cluster
 // (internal/membership). A configured peer of the same site wins over what

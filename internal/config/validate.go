@@ -172,6 +172,11 @@ func (c *Operator) validate(doc *document) error {
 		sites[peer.Site] = true
 		p.url(path+".signals", peer.Signals, true, "https")
 		p.url(path+".gateway", peer.Gateway, false, "https")
+		for j, m := range peer.Models {
+			if m == "" {
+				p.addf(fmt.Sprintf("%s.models[%d]", path, j), "empty model name")
+			}
+		}
 	}
 	if m := c.Membership; m != nil {
 		p.membership(m, c.TLS != nil)

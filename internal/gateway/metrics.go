@@ -34,7 +34,7 @@ type metrics struct {
 	connsShed         *prometheus.CounterVec
 	ejections         *prometheus.CounterVec
 	upstreamErrors    *prometheus.CounterVec
-	hopRefused        prometheus.Counter
+	hopRefused        *prometheus.CounterVec
 	bodyBudgetRefused prometheus.Counter
 
 	published  map[[2]string]bool
@@ -64,8 +64,8 @@ func newMetrics() *metrics {
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
 		bodyBudgetRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_body_budget_refused_total",
 			Help: "Requests refused (503 body_budget) because the request bodies held in memory reached limits.bodyBytes."}),
-		hopRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
-			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (configured, or admitted by gossip)."}),
+		hopRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
+			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (not_a_peer), or asked for a model this site does not share with it (model_not_shared)."}, []string{"reason"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
 		published:      map[[2]string]bool{},
 		shedModels:     map[string]bool{},
@@ -84,6 +84,9 @@ func newMetrics() *metrics {
 	}
 	for _, r := range []string{ejectRefused, eject5xx} {
 		m.ejections.WithLabelValues(r)
+	}
+	for _, r := range []string{hopNotAPeer, hopModelNotShared} {
+		m.hopRefused.WithLabelValues(r)
 	}
 	for _, l := range Listeners {
 		ln := l.String()

@@ -186,23 +186,40 @@ func (g *Gateway) handler(hop bool) http.Handler {
 		return mux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c := g.id.Classify(r.TLS); c.Class != identity.Peer || !g.isPeer(c.Site) {
+		c := g.id.Classify(r.TLS)
+		peer, ok := g.peer(c.Site)
+		if c.Class != identity.Peer || !ok {
 			// A grid certificate is not enough: only this site's peers
 			// (configured, or admitted by gossip) may send it requests.
-			g.m.hopRefused.Inc()
+			g.m.hopRefused.WithLabelValues(hopNotAPeer).Inc()
 			w.Header().Set("Connection", "close")
 			errHopForbidden.write(w, 0)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, peer)))
 	})
 }
 
-// isPeer reports whether site is one of this site's peers, as the
-// operator's serving document lists them.
-func (g *Gateway) isPeer(site string) bool {
-	s := g.serving.Load()
-	return s != nil && slices.ContainsFunc(s.Peers, func(p signals.ServingPeer) bool { return p.Site == site })
+// Reasons of grid_gateway_hop_refused_total.
+const (
+	hopNotAPeer       = "not_a_peer"
+	hopModelNotShared = "model_not_shared"
+)
+
+// hopPeerKey carries the verified peer of a hop request in its context.
+type hopPeerKey struct{}
+
+// peer returns one of this site's peers, as the operator's serving
+// document lists them.
+func (g *Gateway) peer(site string) (signals.ServingPeer, bool) {
+	if s := g.serving.Load(); s != nil {
+		for _, p := range s.Peers {
+			if p.Site == site {
+				return p, true
+			}
+		}
+	}
+	return signals.ServingPeer{}, false
 }
 
 func (g *Gateway) snapshot(hop bool) *route.Snapshot {
@@ -290,6 +307,14 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		outcome = "bad_request"
 		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
 		errModelRequired.write(w, 0)
+		return
+	}
+	if peer, ok := r.Context().Value(hopPeerKey{}).(signals.ServingPeer); hop && ok && !peer.MayUse(model) {
+		// This site does not share the model with that peer (its
+		// peers[].models): it never saw the rows, and may not route here.
+		outcome = "bad_request"
+		g.m.hopRefused.WithLabelValues(hopModelNotShared).Inc()
+		errHopForbidden.write(w, 0)
 		return
 	}
 	stripInternal(r.Header)

@@ -104,7 +104,7 @@ func TestHopRefusesNonPeers(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()
 	identity.Init(dir, "grid.internal", now)
-	for _, site := range []string{"east", "west", "north"} {
+	for _, site := range []string{"east", "west", "north", "north-east"} {
 		identity.Issue(dir, site, nil, now)
 	}
 	load := func(site string) *identity.Source {
@@ -127,7 +127,7 @@ func TestHopRefusesNonPeers(t *testing.T) {
 	}
 	defer g.Close()
 	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
-		Peers: []signals.ServingPeer{{Site: "west"}}})
+		Peers: []signals.ServingPeer{{Site: "west"}, {Site: "north-east", Models: []string{"other-model"}}}})
 	g.refresh()
 	g.firstOnce.Do(func() { close(g.first) })
 
@@ -162,12 +162,19 @@ func TestHopRefusesNonPeers(t *testing.T) {
 	if code, _ := post(nil); code != 0 && code != http.StatusForbidden {
 		t.Errorf("no client certificate: %d", code)
 	}
-	if got := testutil.ToFloat64(g.m.hopRefused); got < 1 {
+	if got := testutil.ToFloat64(g.m.hopRefused.WithLabelValues(hopNotAPeer)); got < 1 {
 		t.Errorf("grid_gateway_hop_refused_total %v", got)
 	}
 	code, h := post(load("west"))
 	if code != http.StatusBadGateway || h.Get(headerNotDelivered) != "1" {
 		t.Errorf("a peer's request to a refusing provider: %d, not-delivered %q", code, h.Get(headerNotDelivered))
+	}
+	// A peer this site shares only another model with (peers[].models).
+	if code, _ := post(load("north-east")); code != http.StatusForbidden {
+		t.Errorf("a peer asking for a model not shared with it: %d, want 403", code)
+	}
+	if got := testutil.ToFloat64(g.m.hopRefused.WithLabelValues(hopModelNotShared)); got != 1 {
+		t.Errorf("model_not_shared refusals %v", got)
 	}
 }
 

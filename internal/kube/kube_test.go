@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -104,8 +105,8 @@ func TestTranslateIsTheFileModeConfiguration(t *testing.T) {
 	if cfg.ScrapeInterval.D() != config.DefaultScrapeInterval {
 		t.Errorf("scrape interval %v: file-mode default not applied", cfg.ScrapeInterval)
 	}
-	if len(cfg.Peers) != 2 || cfg.Peers[0] != (config.Peer{Site: "central", Signals: "https://central.example:9091"}) ||
-		cfg.Peers[1] != (config.Peer{Site: "west", Signals: "https://west.example:9091", Gateway: "https://west.example:8081"}) {
+	if len(cfg.Peers) != 2 || !cfg.Peers[0].Equal(config.Peer{Site: "central", Signals: "https://central.example:9091"}) ||
+		!cfg.Peers[1].Equal(config.Peer{Site: "west", Signals: "https://west.example:9091", Gateway: "https://west.example:8081"}) {
 		t.Errorf("peers %+v", cfg.Peers)
 	}
 	if len(cfg.Providers) != 2 || cfg.Providers[0].Name != "qwen-a" || cfg.Providers[1].Name != "qwen-b" {
@@ -328,5 +329,50 @@ func TestStartupProbesWhileWaiting(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Wait did not return once the resources existed")
+	}
+}
+
+// TestAccessPolicyBecomesSharedModels: a provider's accessPolicy selects
+// the GridSites (by their labels) that may read it and route to it; the
+// translation gives each peer the models every provider of which admits it
+// (the most restrictive policy of a model wins), and nil when no provider
+// has a policy.
+func TestAccessPolicyBecomesSharedModels(t *testing.T) {
+	eu := provider("eu-only", 1)
+	eu.Spec.Model = "private-model"
+	eu.Spec.AccessPolicy = &gridv1.AccessPolicy{SiteSelector: metav1.LabelSelector{MatchLabels: map[string]string{"region": "eu"}}}
+	twin := provider("qwen-eu", 1) // a second provider of Qwen, restricted to eu
+	twin.Spec.AccessPolicy = &gridv1.AccessPolicy{SiteSelector: metav1.LabelSelector{MatchLabels: map[string]string{"region": "eu"}}}
+	objs := append(namespace(), eu, twin)
+	for _, o := range objs {
+		if s, ok := o.(*gridv1.GridSite); ok && s.Name == "west" {
+			s.Spec.Labels = map[string]string{"region": "eu"}
+		}
+	}
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).Build()
+	cfg, err := translator(t, c).Config(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, p := range cfg.Peers {
+		got[p.Site] = p.Models
+	}
+	if w := got["west"]; !slices.Equal(w, []string{"Qwen/Qwen3-8B", "private-model"}) {
+		t.Errorf("west (region=eu) may use %v", w)
+	}
+	if c := got["central"]; c == nil || len(c) != 0 {
+		t.Errorf("central (no labels) may use %v, want nothing: each model has a provider that does not admit it", c)
+	}
+	// Without any policy, peers are unrestricted.
+	c2 := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(namespace()...).Build()
+	cfg, err = translator(t, c2).Config(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range cfg.Peers {
+		if p.Models != nil {
+			t.Errorf("peer %s restricted to %v without any policy", p.Site, p.Models)
+		}
 	}
 }

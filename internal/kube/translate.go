@@ -13,6 +13,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	gridv1 "github.com/grid-inference/grid/api/v1alpha1"
@@ -100,7 +102,11 @@ func (t *Translator) Config(ctx context.Context) (*config.Operator, error) {
 	}
 	cfg.Peers = nil
 	for _, s := range sites.Items {
-		cfg.Peers = append(cfg.Peers, config.Peer{Site: s.Name, Signals: s.Spec.Signals, Gateway: s.Spec.Gateway})
+		models, err := sharedModels(providers.Items, s.Spec.Labels)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Peers = append(cfg.Peers, config.Peer{Site: s.Name, Signals: s.Spec.Signals, Gateway: s.Spec.Gateway, Models: models})
 	}
 	cfg.Providers = nil
 	for i := range providers.Items {
@@ -183,4 +189,42 @@ func (t *Translator) secretFile(ctx context.Context, ref gridv1.SecretKeyRef, na
 		return "", err
 	}
 	return path, os.Rename(tmp.Name(), path)
+}
+
+// sharedModels turns the providers' access policies into what a peer with
+// the given GridSite labels may use: nil (every model) when no provider has
+// a policy; otherwise the models every provider of which admits the peer.
+// A model some provider of which does not admit the peer is not shared: the
+// most restrictive policy wins, so no restricted provider is read or routed
+// to through a sibling's model.
+func sharedModels(providers []gridv1.InferenceProvider, siteLabels map[string]string) ([]string, error) {
+	restricted := false
+	admits := map[string]bool{} // model -> every provider admits the peer
+	for i := range providers {
+		ip := &providers[i]
+		ok := true
+		if ap := ip.Spec.AccessPolicy; ap != nil {
+			restricted = true
+			sel, err := metav1.LabelSelectorAsSelector(&ap.SiteSelector)
+			if err != nil {
+				return nil, fmt.Errorf("InferenceProvider %s: accessPolicy.siteSelector: %w", ip.Name, err)
+			}
+			ok = sel.Matches(labels.Set(siteLabels))
+		}
+		if prev, seen := admits[ip.Spec.Model]; seen {
+			ok = ok && prev
+		}
+		admits[ip.Spec.Model] = ok
+	}
+	if !restricted {
+		return nil, nil
+	}
+	models := []string{}
+	for m, ok := range admits {
+		if ok {
+			models = append(models, m)
+		}
+	}
+	slices.Sort(models)
+	return models, nil
 }

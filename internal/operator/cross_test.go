@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -119,7 +120,15 @@ func reparse(t testing.TB, c *config.Operator) *config.Operator {
 	if len(c.Peers) > 0 {
 		b.WriteString("peers:\n")
 		for _, p := range c.Peers {
-			fmt.Fprintf(&b, "  - {site: %s, signals: %q}\n", p.Site, p.Signals)
+			models := ""
+			if p.Models != nil {
+				q := make([]string, len(p.Models))
+				for i, m := range p.Models {
+					q[i] = strconv.Quote(m)
+				}
+				models = ", models: [" + strings.Join(q, ", ") + "]"
+			}
+			fmt.Fprintf(&b, "  - {site: %s, signals: %q%s}\n", p.Site, p.Signals, models)
 		}
 	}
 	if len(c.Providers) > 0 {

@@ -259,7 +259,7 @@ func TestDiscoveredPeersJoinTheConfigured(t *testing.T) {
 	})
 	got := op.peers()
 	want := []config.Peer{{Site: "west", Signals: "https://127.0.0.1:1"}, {Site: "north", Signals: "https://north.example:9091", Gateway: "https://north.example:8081"}}
-	if !slices.Equal(got, want) {
+	if !slices.EqualFunc(got, want, config.Peer.Equal) {
 		t.Errorf("peers %v, want %v", got, want)
 	}
 	if p := op.poller.snapshot(); len(p) != 2 || p[0].cfg.Site != "north" || p[1].cfg.Site != "west" {

@@ -97,7 +97,7 @@ func (pp *peerPoller) configure(peers []config.Peer) {
 	keep := map[string]bool{}
 	for _, p := range peers {
 		keep[p.Site] = true
-		if cur, ok := pp.peers[p.Site]; ok && cur.cfg == p {
+		if cur, ok := pp.peers[p.Site]; ok && cur.cfg.Equal(p) {
 			continue
 		}
 		pp.peers[p.Site] = &peerState{cfg: p, client: pp.newClient(p.Site)}

@@ -39,12 +39,16 @@ func (o *Operator) SignalsHandler() http.Handler {
 		}
 		caller := o.id.Classify(r.TLS)
 		local := caller.Class == identity.Local
-		if !local && !(caller.Class == identity.Peer && o.isPeer(caller.Site)) {
+		peer, isPeer := o.peer(caller.Site)
+		if !local && !(caller.Class == identity.Peer && isPeer) {
 			forbid(w)
 			return
 		}
 		q := r.URL.Query()
 		sel := selection{target: q.Get("target"), collect: append(q["collect[]"], q["collect"]...)}
+		if !local {
+			sel.peer, sel.models = &peer, o.providerModels()
+		}
 		// One clock reading for the Date header and every stamp, so that
 		// Date minus stamp is an age free of any clock offset.
 		now := o.clk.Now()
@@ -82,8 +86,31 @@ func (o *Operator) signalsAnswer(now time.Time, sel selection, local bool, after
 	return b
 }
 
+// isPeer reports whether site is a peer (configured, or admitted by gossip).
 func (o *Operator) isPeer(site string) bool {
-	return slices.ContainsFunc(o.peers(), func(p config.Peer) bool { return p.Site == site })
+	_, ok := o.peer(site)
+	return ok
+}
+
+// peer returns the configuration of a peer site (configured, or admitted by
+// gossip).
+func (o *Operator) peer(site string) (config.Peer, bool) {
+	for _, p := range o.peers() {
+		if p.Site == site {
+			return p, true
+		}
+	}
+	return config.Peer{}, false
+}
+
+// providerModels maps this site's provider names to their models.
+func (o *Operator) providerModels() map[string]string {
+	ps := o.cfg.Load().Providers
+	out := make(map[string]string, len(ps))
+	for i := range ps {
+		out[ps[i].Name] = ps[i].Model
+	}
+	return out
 }
 
 // selection narrows an answer: target to one provider, collect to names.
@@ -91,6 +118,11 @@ func (o *Operator) isPeer(site string) bool {
 type selection struct {
 	target  string
 	collect []string
+	// peer, for a Peer caller, restricts the answer to the providers of
+	// the models it may use (peers[].models); models maps this site's
+	// providers to their models.
+	peer   *config.Peer
+	models map[string]string
 }
 
 func (s selection) wants(name string) bool {
@@ -133,6 +165,9 @@ func (o *Operator) render(a *answer, store signals.RelayStore, entries []*Entry,
 	for _, e := range entries {
 		if a.after.Covers(store, e.Target) {
 			continue // on an earlier page
+		}
+		if sel.peer != nil && !sel.peer.MayUse(sel.models[e.Target]) {
+			continue // not shared with this peer: no trace in the answer
 		}
 		if a.full {
 			if !a.paged {
@@ -217,7 +252,7 @@ func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
 		doc.Providers = append(doc.Providers, signals.ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
 	}
 	for _, p := range o.peers() {
-		doc.Peers = append(doc.Peers, signals.ServingPeer{Site: p.Site, Gateway: p.Gateway})
+		doc.Peers = append(doc.Peers, signals.ServingPeer{Site: p.Site, Gateway: p.Gateway, Models: p.Models})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
@@ -64,5 +65,55 @@ func TestLocalReadIsTheProtocolExample(t *testing.T) {
 		rec.Code, http.StatusText(rec.Code), rec.Header().Get("Content-Type"), rec.Header().Get("Age"), rec.Header().Get("Date"), rec.Body.String())
 	if got != string(want) {
 		t.Errorf("Local read:\n%s\nwant (docs/protocol.md §2.1):\n%s", got, want)
+	}
+}
+
+// TestPeerReadsOnlySharedModels: peers[].models restricts what a peer reads
+// of this site to the providers of those models; the site's own gateway
+// (Local) still reads everything, and a peer with no list reads everything.
+func TestPeerReadsOnlySharedModels(t *testing.T) {
+	dir := pki(t, "hub", "east", "west")
+	ps := providers("shared-pool", "private-pool")
+	ps[0].Model, ps[1].Model = "shared", "private"
+	c := &config.Operator{Site: "hub", StateDir: t.TempDir(), TLS: tlsFiles(dir, "hub"), Providers: ps,
+		Peers: []config.Peer{{Site: "east", Signals: "https://127.0.0.1:1", Models: []string{"shared"}}, {Site: "west", Signals: "https://127.0.0.1:2"}}}
+	cfg := reparse(t, c)
+	state, err := OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers, OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := New(cfg, state, Options{Identity: idSource(t, dir, "hub")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	now := time.Now()
+	for _, p := range []string{"shared-pool", "private-pool"} {
+		op.SiteStore().PutEntry(&Entry{Target: p, CollectedAt: now, ExpiresAt: now.Add(time.Minute), Rows: []signals.Row{
+			{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}})
+	}
+	read := func(as string) string {
+		src := idSource(t, dir, as)
+		svid, err := src.GetX509SVID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest(http.MethodGet, signals.SignalsPath, nil)
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{svid.Certificates[0]}}
+		rec := httptest.NewRecorder()
+		op.SignalsHandler().ServeHTTP(rec, r)
+		if rec.Code != 200 {
+			t.Fatalf("%s: %d", as, rec.Code)
+		}
+		return rec.Body.String()
+	}
+	for _, tc := range []struct {
+		as              string
+		shared, private bool
+	}{{"east", true, false}, {"west", true, true}, {"hub", true, true}} {
+		body := read(tc.as)
+		if strings.Contains(body, `"shared-pool"`) != tc.shared || strings.Contains(body, `"private-pool"`) != tc.private {
+			t.Errorf("%s reads:\n%s", tc.as, body)
+		}
 	}
 }

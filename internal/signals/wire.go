@@ -2,6 +2,7 @@ package signals
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -105,10 +106,19 @@ type ServingProvider struct {
 	Upstream string `json:"upstream"`
 }
 
-// ServingPeer is where a peer site's gateway takes forwarded requests.
+// ServingPeer is where a peer site's gateway takes forwarded requests, and
+// what that site may route here.
 type ServingPeer struct {
 	Site    string `json:"site"`
 	Gateway string `json:"gateway,omitempty"`
+	// Models, when not null, are the only models the peer may route to
+	// this site (docs/protocol.md §2.4); null is every model.
+	Models []string `json:"models"`
+}
+
+// MayUse reports whether the peer may route a request for model here.
+func (p ServingPeer) MayUse(model string) bool {
+	return p.Models == nil || slices.Contains(p.Models, model)
 }
 
 var dns1123Label = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
