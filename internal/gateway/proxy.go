@@ -513,6 +513,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		return notSent
 	}
 	tw := &trackingWriter{ResponseWriter: w}
+	buffer := &copyBuffer{}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(c.Upstream)
@@ -522,12 +523,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		},
 		Transport:     transport,
 		FlushInterval: -1,
-		BufferPool:    bufferPool{},
+		BufferPool:    buffer,
 		ModifyResponse: func(resp *http.Response) error {
 			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
 				return errNotDelivered
 			}
 			g.health.answered(c, resp.StatusCode, began)
+			buffer.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
@@ -666,13 +668,40 @@ func (t *trackingWriter) Flush() {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
-// bufferPool recycles the proxy's copy buffers.
-type bufferPool struct{}
+// copyBuffer gives the proxy its copy buffer for one answer: a stream's
+// small, because an SSE stream holds it, mostly idle, for as long as the
+// model generates, and its events are a few hundred bytes; any other
+// answer's large, to copy a big body in few reads. The proxy asks for the
+// buffer after ModifyResponse has seen the answer's Content-Type.
+type copyBuffer struct {
+	stream bool // set by ModifyResponse: the answer is text/event-stream
+}
 
-var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+// Buffer sizes; both pooled.
+const (
+	streamBufferSize = 2 << 10
+	bulkBufferSize   = 32 << 10
+)
 
-func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
-func (bufferPool) Put(b []byte) { buffers.Put(&b) }
+var (
+	streamBuffers = sync.Pool{New: func() any { b := make([]byte, streamBufferSize); return &b }}
+	bulkBuffers   = sync.Pool{New: func() any { b := make([]byte, bulkBufferSize); return &b }}
+)
+
+func (c *copyBuffer) Get() []byte {
+	if c.stream {
+		return *streamBuffers.Get().(*[]byte)
+	}
+	return *bulkBuffers.Get().(*[]byte)
+}
+
+func (c *copyBuffer) Put(b []byte) {
+	if len(b) == streamBufferSize {
+		streamBuffers.Put(&b)
+	} else {
+		bulkBuffers.Put(&b)
+	}
+}
 
 // Close releases idle upstream connections.
 func (g *Gateway) Close() {

@@ -167,7 +167,8 @@ func startNginx(b *testing.B, upstream string) string {
 daemon off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
-events { worker_connections 4096; }
+worker_rlimit_nofile 20000;
+events { worker_connections 16384; }
 http {
   access_log off;
   client_body_temp_path %[1]s/body;
@@ -196,6 +197,7 @@ http {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	nginxPID = cmd.Process.Pid
 	b.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGQUIT)
 		cmd.Wait()

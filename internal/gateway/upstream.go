@@ -53,6 +53,12 @@ func newTransport(limits config.Upstream) *http.Transport {
 		IdleConnTimeout:       idleConnTimeout,
 		MaxIdleConnsPerHost:   256,
 		ForceAttemptHTTP2:     false,
+		// Each connection holds its buffers for as long as it lives, a
+		// stream's for the whole stream: small ones. A request body larger
+		// than the write buffer is written straight through; an answer is
+		// copied out in the proxy's own buffer.
+		WriteBufferSize: 1 << 10,
+		ReadBufferSize:  2 << 10,
 	}
 }
 
