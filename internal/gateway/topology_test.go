@@ -9,6 +9,8 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/signals"
@@ -213,5 +217,38 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 	g.rep.mu.Unlock()
 	if seqAfter != seqBefore {
 		t.Errorf("a poll whose second page failed folded an observation (sequence %d → %d)", seqBefore, seqAfter)
+	}
+}
+
+// TestOperatorOfAnotherSiteIsUnauthorized: an operator address that answers
+// with another site's certificate (a wrong address, or an impostor) is an
+// identity failure, counted as unauthorized rather than unreachable, and
+// the gateway stays not ready, saying why.
+func TestOperatorOfAnotherSiteIsUnauthorized(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := newTestGateway(t, "https://"+ln.Addr().String())
+	defer g.Close()
+	// The same grid CA would not be needed to fail: any certificate that
+	// is not east's fails the SPIFFE check. Here, west of another CA.
+	dir := t.TempDir()
+	identity.Init(dir, "grid.internal", time.Now())
+	identity.Issue(dir, "west", nil, time.Now())
+	west, err := identity.LoadSource(config.TLS{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "west.crt"), Key: filepath.Join(dir, "west.key")},
+		"grid.internal", "west", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ErrorLog: log.New(io.Discard, "", 0)}
+	go srv.Serve(tls.NewListener(ln, west.ServerTLS()))
+	defer srv.Close()
+	g.Poll(context.Background())
+	if got := testutil.ToFloat64(g.m.polls.WithLabelValues("unauthorized")); got != 1 {
+		t.Errorf("unauthorized polls %v (unreachable %v)", got, testutil.ToFloat64(g.m.polls.WithLabelValues("unreachable")))
+	}
+	if ready, why := g.Ready(); ready || !strings.Contains(why, "not been read") {
+		t.Errorf("ready %v: %s", ready, why)
 	}
 }
