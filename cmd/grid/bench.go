@@ -11,6 +11,12 @@ import (
 )
 
 func runBench(_ context.Context, args []string, e *env) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
+		fmt.Fprint(e.stdout, "Usage: grid bench <subcommand> [flags]\n\nSubcommands:\n"+
+			"  routing  simulate routing policies under stale load readings and print their tables\n\n"+
+			"Run 'grid bench routing --help' for its flags.\n")
+		return nil
+	}
 	if len(args) == 0 || args[0] != "routing" {
 		return fmt.Errorf("%w: want `grid bench routing`", errUsage)
 	}

@@ -13,10 +13,18 @@ import (
 )
 
 func runCerts(_ context.Context, args []string, e *env) error {
+	const subcommands = "Usage: grid certs <subcommand> [flags]\n\nSubcommands:\n" +
+		"  init        create a grid CA (ca.crt, ca.key)\n" +
+		"  issue       issue a site certificate: spiffe://<trust-domain>/site/<name>\n" +
+		"  gossip-key  write a random key for the membership gossip\n\n" +
+		"Run 'grid certs <subcommand> --help' for its flags.\n"
 	if len(args) == 0 {
 		return fmt.Errorf("%w: want `grid certs init`, `grid certs issue` or `grid certs gossip-key`", errUsage)
 	}
 	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(e.stdout, subcommands)
+		return nil
 	case "init":
 		fs := newFlagSet("certs init", e)
 		dir := fs.String("dir", "certs", "directory for ca.crt and ca.key")

@@ -36,7 +36,7 @@ var commands = map[string]command{
 	"gateway":  {"run the site gateway: an OpenAI-compatible proxy that routes to the least-loaded site", runGateway},
 	"demo":     {"run a whole grid on loopback with a load generator and a live view", runDemo},
 	"sim":      {"run a simulated inference backend (llm-d EPP, vLLM or SGLang)", runSim},
-	"certs":    {"create a grid CA and SPIFFE site certificates (init, issue)", runCerts},
+	"certs":    {"create a grid CA, SPIFFE site certificates and a gossip key (init, issue, gossip-key)", runCerts},
 	"bench":    {"measure routing policies under stale load readings (bench routing)", runBench},
 	"status":   {"show what an operator or gateway currently believes about the sites", runStatus},
 	"version":  {"print the version and build information", runVersion},
@@ -54,12 +54,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	global.SetOutput(stderr)
 	logLevel := global.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := global.String("log-format", "text", "log format: text or json")
+	version := global.Bool("version", false, "print the version and build information, and exit")
 	global.Usage = func() { usage(stderr, global) }
 	if err := global.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.String())
+		return 0
 	}
 	if global.NArg() == 0 {
 		usage(stderr, global)

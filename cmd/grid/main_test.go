@@ -35,6 +35,22 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"version"}, 0, ""},
 		{[]string{"bench"}, 2, "grid bench routing"},
 	}
+	// Help and version go to stdout with exit 0, for every command and
+	// command group.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--version"}, "grid "},
+		{[]string{"certs", "--help"}, "gossip-key"},
+		{[]string{"bench", "--help"}, "routing"},
+		{[]string{"help"}, "gossip-key"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(tc.args, &out, &errOut); code != 0 || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("grid %v: exit %d, stdout %q; want exit 0 containing %q", tc.args, code, out.String(), tc.want)
+		}
+	}
 	for _, tc := range tests {
 		var out, errOut bytes.Buffer
 		code := run(tc.args, &out, &errOut)

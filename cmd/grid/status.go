@@ -17,7 +17,11 @@ func runStatus(ctx context.Context, args []string, e *env) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	url := strings.TrimRight(*target, "/") + "/metrics"
+	base := *target
+	if !strings.Contains(base, "://") {
+		base = "http://" + base // host:port, as the listeners are configured
+	}
+	url := strings.TrimRight(base, "/") + "/metrics"
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -14,14 +14,17 @@ var Version = ""
 // String describes the build on one line: version, VCS revision, Go version
 // and platform.
 func String() string {
-	v, rev := Version, ""
+	v, rev, built := Version, "", ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 			v = bi.Main.Version
 		}
 		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
+			switch s.Key {
+			case "vcs.revision":
 				rev = s.Value
+			case "vcs.time":
+				built = s.Value
 			}
 		}
 	}
@@ -30,7 +33,11 @@ func String() string {
 	}
 	s := fmt.Sprintf("grid %s", v)
 	if rev != "" {
-		s += " (" + rev + ")"
+		s += " (" + rev
+		if built != "" {
+			s += ", " + built
+		}
+		s += ")"
 	}
 	return s + fmt.Sprintf(" %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }

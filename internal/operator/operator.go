@@ -185,13 +185,23 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 		o.memo.Forget(p.target.LoadsURL)
 		o.countReprobe(p.target.LoadsURL, reprobeRecovered)
 	}
+	wasFailing := p.failing
 	p.failing = err != nil
 	if err != nil {
 		class := backend.ClassOf(err)
 		p.probe.Failure(now, string(class))
 		o.m.scrapes.count(name, string(class))
-		o.log.Debug("scrape failed", "provider", name, "class", class, "err", err)
+		if !wasFailing {
+			// The first failure is said at once; the readiness verdict
+			// follows after the stale window.
+			o.log.Warn("provider scrape failed", "provider", name, "class", class, "err", err)
+		} else {
+			o.log.Debug("scrape failed", "provider", name, "class", class, "err", err)
+		}
 	} else {
+		if wasFailing {
+			o.log.Info("provider scrape succeeded again", "provider", name)
+		}
 		if r.Latency != nil {
 			var progress bool
 			pub, progress = p.history.Observe(now, *r.Latency, r.MultiPool)
