@@ -165,7 +165,10 @@ func (o *Operator) Pass(ctx context.Context) {
 func (o *Operator) scrape(ctx context.Context, p *provider) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	reading, err := backend.Scrape(ctx, p.target, o.memo, !p.verdict.Excludes(), o.log)
+	// Before its first verdict a provider counts as ready: a 404 from an
+	// engine that answers at all is remembered from the first scrape.
+	ready := !p.scraped || !p.verdict.Excludes()
+	reading, err := backend.Scrape(ctx, p.target, o.memo, ready, o.log)
 	if ctx.Err() != nil {
 		return // shutting down: a cancelled scrape says nothing about the provider
 	}
