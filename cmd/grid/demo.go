@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/grid-inference/grid/internal/demo"
 )
@@ -17,6 +19,12 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	verbose := fs.Bool("verbose", false, "log what every component does (to stderr, under the view)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	switch {
+	case o.Duration < 0:
+		return fmt.Errorf("%w: --duration must not be negative (0 runs until Ctrl-C), got %v", errUsage, o.Duration)
+	case o.Rate < 0 || math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0):
+		return fmt.Errorf("%w: --rate must be a finite number of requests per second, 0 or more (0: 70%% of capacity), got %v", errUsage, o.Rate)
 	}
 	o.Out = e.stdout
 	o.Log = slog.New(slog.DiscardHandler)

@@ -19,7 +19,8 @@ import (
 func runGateway(ctx context.Context, args []string, e *env) error {
 	fs := newFlagSet("gateway", e)
 	file := fs.String("config", "gateway.yaml", "gateway configuration file")
-	check := fs.Bool("check-config", false, "validate the configuration and exit")
+	check := fs.Bool("check-config", false, "validate the configuration, load its certificates as a start would, and exit")
+	checkIdentity := fs.Bool("check-identity", true, "with --check-config: also load and check the certificate files (off where they exist only elsewhere, e.g. in a pod)")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "how long in-flight requests and streams get to finish on SIGTERM")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -29,7 +30,13 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	if *check {
-		fmt.Fprintf(e.stdout, "%s: valid gateway configuration for site %q\n", *file, cfg.Site)
+		expiry := "; certificates not checked"
+		if *checkIdentity {
+			if expiry, err = loadIdentityNote(cfg.TLS, cfg.TrustDomain, cfg.Site); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(e.stdout, "%s: valid gateway configuration for site %q%s\n", *file, cfg.Site, expiry)
 		return nil
 	}
 	log := e.log.With("component", "gateway", "site", cfg.Site)

@@ -21,7 +21,8 @@ import (
 func runOperator(ctx context.Context, args []string, e *env) error {
 	fs := newFlagSet("operator", e)
 	file := fs.String("config", "site.yaml", "operator configuration file")
-	check := fs.Bool("check-config", false, "validate the configuration and exit")
+	check := fs.Bool("check-config", false, "validate the configuration, load its certificates as a start would, and exit")
+	checkIdentity := fs.Bool("check-identity", true, "with --check-config: also load and check the certificate files (off where they exist only elsewhere, e.g. in a pod)")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "how long in-flight requests get to finish on SIGTERM")
 	resetEpoch := fs.Bool("reset-publisher-epoch", false, "start the publisher epoch from this host's clock when the one in stateDir is more than 10 minutes ahead of it (the clock was once ahead); see docs/reliability.md before using it")
 	var k kubeFlags
@@ -41,7 +42,14 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 		return err
 	}
 	if *check {
-		fmt.Fprintf(e.stdout, "%s: valid operator configuration for site %q (%d providers, %d peers)\n", *file, cfg.Site, len(cfg.Providers), len(cfg.Peers))
+		expiry := "; certificates not checked"
+		if *checkIdentity {
+			if expiry, err = loadIdentityNote(cfg.TLS, cfg.TrustDomain, cfg.Site); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(e.stdout, "%s: valid operator configuration for site %q (%s, %s)%s\n", *file, cfg.Site,
+			count(len(cfg.Providers), "provider"), count(len(cfg.Peers), "peer"), expiry)
 		return nil
 	}
 	state, err := operator.OpenState(cfg.StateDir, time.Now().UnixMilli(), cfg.Providers, operator.OpenOptions{ResetEpoch: *resetEpoch})
@@ -163,4 +171,27 @@ func startMembership(cfg *config.Operator, log *slog.Logger) (*membership.Cluste
 	}
 	return membership.Start(membership.Config{Site: cfg.Site, Bind: m.Bind, Advertise: m.Advertise, Seeds: m.Seeds,
 		Key: key, Signals: m.Signals, Gateway: m.Gateway, Profile: m.Profile, Logger: log.With("component", "membership")})
+}
+
+// count says "1 provider", "2 providers".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// loadIdentityNote loads the certificate material a configuration names, as
+// the daemon would at start: the key matches the certificate, which names
+// this site's SPIFFE id, chains to the grid CA and is valid now. It returns
+// a note of when the certificate expires, for --check-config.
+func loadIdentityNote(files *config.TLS, trustDomain, site string) (string, error) {
+	if files == nil {
+		return "; no tls block", nil
+	}
+	id, err := identity.LoadSource(*files, trustDomain, site, nil, nil)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("; certificate valid until %s", id.Expiry().UTC().Format(time.RFC3339)), nil
 }

@@ -228,3 +228,30 @@ func FuzzParseGateway(f *testing.F) {
 		}
 	})
 }
+
+// TestRelativePathsFollowTheFile: paths in a configuration file are read
+// against the file's directory, wherever the daemon was started from;
+// absolute paths stay as written.
+func TestRelativePathsFollowTheFile(t *testing.T) {
+	dir := t.TempDir()
+	op := filepath.Join(dir, "east.yaml")
+	os.WriteFile(op, []byte("site: east\ntls: {ca: certs/ca.crt, cert: /abs/east.crt, key: certs/east.key}\n"+
+		"providers:\n  - {name: p, model: m, kind: epp, upstream: \"http://127.0.0.1:9000\", metrics: {endpoint: \"http://127.0.0.1:9000\", bearerTokenFile: token}}\n"), 0o600)
+	c, err := LoadOperator(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS.CA != filepath.Join(dir, "certs/ca.crt") || c.TLS.Cert != "/abs/east.crt" || c.StateDir != filepath.Join(dir, "state/east") ||
+		c.Providers[0].Metrics.BearerTokenFile != filepath.Join(dir, "token") {
+		t.Errorf("operator paths: tls %+v, stateDir %s, token %s", c.TLS, c.StateDir, c.Providers[0].Metrics.BearerTokenFile)
+	}
+	gw := filepath.Join(dir, "east-gateway.yaml")
+	os.WriteFile(gw, []byte("site: east\ntls: {ca: certs/ca.crt, cert: certs/east.crt, key: certs/east.key}\noperator: {signals: \"https://127.0.0.1:9091\"}\n"), 0o600)
+	g, err := LoadGateway(gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.TLS.Key != filepath.Join(dir, "certs/east.key") {
+		t.Errorf("gateway key %s", g.TLS.Key)
+	}
+}

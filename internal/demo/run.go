@@ -75,8 +75,12 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	entry := grid.Sites[0]
-	fmt.Fprintf(o.Out, "grid demo: %d sites, %d slots, %.0f req/s of streaming chat into %s's gateway at %s\n",
-		len(specs), capacity, rate, entry.Spec.Name, entry.ClientURL)
+	sites := "sites"
+	if len(specs) == 1 {
+		sites = "site"
+	}
+	fmt.Fprintf(o.Out, "grid demo: %d %s, %d slots, %.0f req/s of streaming chat into %s's gateway at %s\n",
+		len(specs), sites, capacity, rate, entry.Spec.Name, entry.ClientURL)
 	for _, s := range grid.Sites {
 		fmt.Fprintf(o.Out, "  %-8s %-7s %2d×%d slots  gateway %s  metrics %s/metrics  operator %s/metrics\n",
 			s.Spec.Name, s.Spec.Kind, s.Spec.Endpoints, s.Spec.Slots, s.ClientURL, s.MetricsURL, s.OperatorMetricsURL)
