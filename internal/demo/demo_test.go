@@ -50,3 +50,31 @@ func TestDemoRejectsBadSites(t *testing.T) {
 		t.Error("accepted 4 sites")
 	}
 }
+
+// TestDemoStoryShowsShedding: the README's `--duration 60s` shows the whole
+// story, the overload act included: the grid sheds (429) before the run
+// ends, on whatever machine runs it (the act overloads on the capacity the
+// grid has shown, not on its nominal slots), and every act is announced.
+func TestDemoStoryShowsShedding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 60 s demo")
+	}
+	t.Setenv("TMPDIR", t.TempDir())
+	var out bytes.Buffer
+	if err := Run(context.Background(), Options{Duration: 60 * time.Second, Sites: 3, Out: &out}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	m := regexp.MustCompile(`requests: \d+ served, (\d+) shed \(429\)`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("no summary:\n%s", s)
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Errorf("the 60 s story never shed:\n%s", s[max(0, len(s)-3000):])
+	}
+	for _, act := range []string{"burst:", "is excluded", "rejoins", "watch it shed", "demand back to 70%"} {
+		if !strings.Contains(s, act) {
+			t.Errorf("the story did not announce %q", act)
+		}
+	}
+}

@@ -323,6 +323,7 @@ func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Durat
 			quantile(w.ttft[s.Spec.Name], 0.5), quantile(w.ttft[s.Spec.Name], 0.99))
 	}
 	tw.Flush()
+	fmt.Fprintf(&b, "RHO = in-flight / learned CEILING (the most held with nothing queued)\n")
 	fmt.Fprintf(&b, "\nlast second: %d served, %d shed (429), %d unavailable (503), %d errors\n",
 		w.outcomes["ok"], w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
 	for _, l := range log {
@@ -372,9 +373,23 @@ func summary(out io.Writer, g *Grid, st *stats, elapsed time.Duration) {
 		w.outcomes["ok"], w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
 }
 
+// learnedCapacity is the sum of the ceilings the entry gateway learned.
+func learnedCapacity(g *Grid) float64 {
+	total := 0.0
+	seen := map[string]bool{}
+	for _, c := range g.Sites[0].Gateway.Snapshot().Candidates {
+		if c.Measured && !seen[c.Site] {
+			seen[c.Site] = true
+			total += c.Ceiling
+		}
+	}
+	return total
+}
+
 // story plays the scripted events, announcing each as it happens.
 func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<- string) {
 	say := func(s string) {
+		g.Sites[0].Gateway.Note(s) // on the dashboard too
 		select {
 		case events <- s:
 		default:
@@ -394,13 +409,15 @@ func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<
 			resp.Body.Close()
 		}
 	}
+	// The acts fit the README's --duration 60s: a burst at 8 s, an outage
+	// at 23 s, an overload from 38 s to 55 s.
 	big := g.Sites[len(g.Sites)-1]
-	if !at(15 * time.Second) {
+	if !at(8 * time.Second) {
 		return
 	}
 	if len(g.Sites) > 1 {
-		say(fmt.Sprintf("burst: another client fills %s (the biggest site) directly for 15s", big.Spec.Name))
-		burst, stop := context.WithTimeout(ctx, 15*time.Second)
+		say(fmt.Sprintf("burst: another client fills %s (the biggest site) directly for 10s", big.Spec.Name))
+		burst, stop := context.WithTimeout(ctx, 10*time.Second)
 		var wg sync.WaitGroup
 		for range big.Slots() {
 			wg.Add(1)
@@ -419,24 +436,28 @@ func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<
 		wg.Wait()
 		stop()
 		say(fmt.Sprintf("burst over: %s drains", big.Spec.Name))
-		if !at(10 * time.Second) {
+		if !at(5 * time.Second) {
 			return
 		}
 	}
 	small := g.Sites[0]
 	say(fmt.Sprintf("%s's EPP reports no ready endpoint: its site is excluded", small.Spec.Name))
 	control(small, `{"readyEndpoints": 0}`)
-	if !at(15 * time.Second) {
+	if !at(10 * time.Second) {
 		return
 	}
 	control(small, `{"readyEndpoints": null}`)
 	say(fmt.Sprintf("%s is ready again and rejoins", small.Spec.Name))
-	if !at(10 * time.Second) {
+	if !at(5 * time.Second) {
 		return
 	}
-	say("demand doubles past the whole grid's capacity: watch it shed (429)")
-	lg.rate.store(2.2 * rate)
-	if !at(20 * time.Second) {
+	// Overload on what the grid has shown it can hold, not on its nominal
+	// slots: a loaded machine serves slower than the model assumes, and
+	// the act must overload the grid as it is.
+	over := 2.5 * max(rate, learnedCapacity(g)/meanDuration().Seconds())
+	say(fmt.Sprintf("demand rises to %.0f req/s, 2.5× what the grid has shown it can serve: watch it shed (429)", over))
+	lg.rate.store(over)
+	if !at(17 * time.Second) {
 		return
 	}
 	lg.rate.store(rate)

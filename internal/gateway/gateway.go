@@ -67,6 +67,8 @@ type Gateway struct {
 	builder  *route.Builder
 	// bodies bounds the request bodies held in memory (limits.bodyBytes).
 	bodies *bodyBudget
+	// hist is the dashboard's history (history.go).
+	hist *history
 	// guards are the listeners' connection caps, set by Guard.
 	guards [numListeners]atomic.Pointer[connlimit.Listener]
 	// own is the age-aware pick's memory of this gateway's sends: the one
@@ -175,6 +177,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		ejected:  make(chan struct{}, 1),
 		rep:      newReporter(),
 		picks:    picks{n: map[string]uint64{}},
+		hist:     newHistory(),
 	}
 	g.health = newHealth(opts.Clock, func(reason string) {
 		m.ejections.WithLabelValues(reason).Inc()
@@ -556,6 +559,7 @@ func (g *Gateway) refresh() {
 	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, set)
 	g.local.Store(localView(snap))
 	g.m.publish(snap)
+	g.hist.record(g.View(), g.clk.Now())
 }
 
 // localView is the snapshot restricted to this site's providers, for

@@ -168,6 +168,7 @@ func (g *Gateway) MetricsHandler() http.Handler {
 		w.Write([]byte(why + "\n"))
 	})
 	mux.HandleFunc("GET /api/snapshot", g.serveView)
+	mux.HandleFunc("GET /api/history", g.serveHistory)
 	mux.HandleFunc("GET /ui", serveUI)
 	mux.Handle("GET /ui/", http.RedirectHandler("/ui", http.StatusMovedPermanently))
 	return mux

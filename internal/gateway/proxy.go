@@ -323,6 +323,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	if refusal != nil {
 		outcome = "not_ready"
 		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		g.hist.refused(refusal.Status)
 		refusal.write(w, turn)
 		return
 	}
@@ -466,10 +467,12 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 	switch o {
 	case route.Shed:
 		g.m.decisions.WithLabelValues("", "", "shed").Inc()
+		g.hist.refused(http.StatusTooManyRequests)
 		errShed.write(w, turn)
 		return "shed"
 	case route.NotReady:
 		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		g.hist.refused(http.StatusServiceUnavailable)
 		errNoHealthySite.write(w, turn)
 		return "not_ready"
 	case route.UnknownModel:
@@ -535,10 +538,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 				resp.Header.Set(headerBackend, c.Provider)
 			}
 			// A stream the upstream cuts is a failure of the upstream, seen
-			// only while the body is copied.
-			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(), failed: func(err error) {
-				g.upstreamFailed(c, upstreamStream, err, began)
-			}}
+			// only while the body is copied; its first byte is the time to
+			// first token the dashboard shows.
+			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(),
+				failed:    func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
+				firstByte: func() { g.hist.firstByte(c.Site, g.clk.Now().Sub(began)) }}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
@@ -635,13 +639,19 @@ func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err e
 // than its end or the client's leaving.
 type watchedBody struct {
 	io.ReadCloser
-	ctx    context.Context
-	failed func(error)
-	once   sync.Once
+	ctx       context.Context
+	failed    func(error)
+	firstByte func()
+	once      sync.Once
+	read      bool // a byte was read; the copying goroutine only
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if n > 0 && !b.read {
+		b.read = true
+		b.firstByte()
+	}
 	if err != nil && err != io.EOF && b.ctx.Err() == nil {
 		b.once.Do(func() { b.failed(err) })
 	}

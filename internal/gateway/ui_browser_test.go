@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +29,17 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	g := gatewayWithEastPool(t)
 	defer g.Close()
+	// History the gateway kept before the page was opened: points, a time
+	// to first token, refusals and a note.
+	g.hist.firstByte("east", 50*time.Millisecond)
+	for range 3 {
+		g.hist.refused(http.StatusTooManyRequests)
+	}
+	g.hist.refused(http.StatusServiceUnavailable)
+	g.refresh()
+	g.Note("a burst fills west")
+	g.refresh()
+	g.refresh()
 	srv := httptest.NewServer(g.MetricsHandler())
 	defer srv.Close()
 
@@ -42,14 +56,34 @@ func TestDashboardInChromium(t *testing.T) {
 		return string(out)
 	}
 	dom := run("--dump-dom", srv.URL+"/ui")
-	for _, want := range []string{"Grid gateway", "— site east", `<td>pool</td>`, "ready"} {
+	eastColor := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"}[fnv1a("east")%8]
+	for _, want := range []string{"Grid gateway", "— site east", `<td>pool</td>`, "ready",
+		"3 shed (429), 1 unavailable (503)", // refusals kept by the server
+		"a burst fills west",                // the story's notes
+		`<td class="ttft">0.050</td>`,       // time to first token
+		`color:` + eastColor,                // a site's colour comes from its name
+	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %q", want)
 		}
+	}
+	// The history predates the page: every point the gateway kept shows.
+	if m := regexp.MustCompile(`(\d+) points`).FindStringSubmatch(dom); m == nil || m[1] != strconv.Itoa(len(g.hist.view("east").Points)) {
+		t.Errorf("the page shows %v of the %d points kept", m, len(g.hist.view("east").Points))
 	}
 	shot := filepath.Join(t.TempDir(), "ui.png")
 	run("--screenshot="+shot, srv.URL+"/ui")
 	if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
 		t.Errorf("screenshot: %v, %d bytes", err, st.Size())
 	}
+}
+
+// fnv1a is the page's colour hash (FNV-1a, 32 bits).
+func fnv1a(s string) uint32 {
+	h := uint32(0x811c9dc5)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 0x01000193
+	}
+	return h
 }

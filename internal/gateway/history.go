@@ -1,0 +1,149 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The dashboard's history: what the gateway believed of each site, one
+// point per snapshot rebuild (about one a second while it polls), for the
+// last five minutes, kept on the server so that a page opened late shows
+// them; with the refusals it answered, the time to first token it saw per
+// site, and notes (the demo's story). Bounded: historyPoints points,
+// historyNotes notes, ttftSamples samples per site between two points.
+const (
+	historyPoints = 300
+	historyNotes  = 100
+	ttftSamples   = 256
+)
+
+// HistoryView is the JSON of GET /api/history.
+type HistoryView struct {
+	Site   string         `json:"site"`
+	Points []HistoryPoint `json:"points"`
+	Notes  []HistoryNote  `json:"notes"`
+}
+
+// HistoryPoint is one rebuild's view.
+type HistoryPoint struct {
+	AtMs  int64                `json:"atMs"`
+	Sites map[string]SitePoint `json:"sites"`
+	// Shed and Unavailable are the requests answered 429 and 503 since
+	// the previous point.
+	Shed        uint64 `json:"shed"`
+	Unavailable uint64 `json:"unavailable"`
+}
+
+// SitePoint is one site at one point; unmeasured values are null.
+type SitePoint struct {
+	Rho      *float64 `json:"rho"`
+	InFlight *float64 `json:"inFlight"`
+	Ceiling  *float64 `json:"ceiling"`
+	Ready    bool     `json:"ready"`
+	// Picks are the requests routed to the site since the previous point.
+	Picks uint64 `json:"picks"`
+	// TTFT quantiles, seconds, of the streams that started answering since
+	// the previous point: the time from sending to the first byte of the
+	// answer's body.
+	TTFTp50 *float64 `json:"ttftP50"`
+	TTFTp99 *float64 `json:"ttftP99"`
+}
+
+// HistoryNote is a note shown with the history.
+type HistoryNote struct {
+	AtMs int64  `json:"atMs"`
+	Text string `json:"text"`
+}
+
+// history is the ring. Any goroutine may touch it, under mu.
+type history struct {
+	mu     sync.Mutex
+	points []HistoryPoint
+	notes  []HistoryNote
+	// since the last point:
+	ttft        map[string][]float64
+	picks       map[string]uint64 // cumulative picks at the last point
+	shed, unavl uint64
+}
+
+func newHistory() *history {
+	return &history{ttft: map[string][]float64{}, picks: map[string]uint64{}}
+}
+
+// firstByte records a time to first byte of a site's answer.
+func (h *history) firstByte(site string, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s := h.ttft[site]; len(s) < ttftSamples {
+		h.ttft[site] = append(s, d.Seconds())
+	}
+}
+
+// refused counts an answered refusal by status.
+func (h *history) refused(status int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch status {
+	case http.StatusTooManyRequests:
+		h.shed++
+	case http.StatusServiceUnavailable:
+		h.unavl++
+	}
+}
+
+// record appends the point of a view, closing the interval.
+func (h *history) record(v SnapshotView, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := HistoryPoint{AtMs: at.UnixMilli(), Sites: map[string]SitePoint{}, Shed: h.shed, Unavailable: h.unavl}
+	for _, c := range v.Sites {
+		if _, seen := p.Sites[c.Site]; seen {
+			continue
+		}
+		sp := SitePoint{Rho: c.Rho, InFlight: c.InFlight, Ceiling: c.Ceiling, Ready: c.Ready, Picks: v.Picks[c.Site] - h.picks[c.Site]}
+		if s := h.ttft[c.Site]; len(s) > 0 {
+			slices.Sort(s)
+			q := func(f float64) *float64 { v := s[min(len(s)-1, int(f*float64(len(s))))]; return &v }
+			sp.TTFTp50, sp.TTFTp99 = q(0.5), q(0.99)
+		}
+		p.Sites[c.Site] = sp
+	}
+	h.points = append(h.points, p)
+	if len(h.points) > historyPoints {
+		h.points = slices.Delete(h.points, 0, len(h.points)-historyPoints)
+	}
+	for site, n := range v.Picks {
+		h.picks[site] = n
+	}
+	clear(h.ttft)
+	h.shed, h.unavl = 0, 0
+}
+
+// note adds a note.
+func (h *history) note(text string, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notes = append(h.notes, HistoryNote{AtMs: at.UnixMilli(), Text: text})
+	if len(h.notes) > historyNotes {
+		h.notes = slices.Delete(h.notes, 0, len(h.notes)-historyNotes)
+	}
+}
+
+func (h *history) view(site string) HistoryView {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return HistoryView{Site: site, Points: slices.Clone(h.points), Notes: slices.Clone(h.notes)}
+}
+
+// Note adds a note to the dashboard's history (the demo tells its story
+// with it).
+func (g *Gateway) Note(text string) { g.hist.note(text, g.clk.Now()) }
+
+func (g *Gateway) serveHistory(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(g.hist.view(g.cfg.Load().Site))
+}
