@@ -717,15 +717,7 @@ type streamResult struct {
 }
 
 func streamCompletion(addr string, tokens int) streamResult {
-	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
-		strings.NewReader(fmt.Sprintf(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":true}`, tokens)))
-	if err != nil {
-		return streamResult{err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return streamResult{status: resp.StatusCode, site: resp.Header.Get("X-Grid-Site"), err: err,
-		complete: strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]")}
+	return streamCompletionWithin(addr, tokens, 0)
 }
 
 // restartGatewayUnderLoad sends SIGTERM to site's gateway while east's
@@ -1026,7 +1018,8 @@ type streamOutcome struct {
 	streamResult
 }
 
-// streamCompletionWithin is streamCompletion with a client time limit.
+// streamCompletionWithin sends a streaming completion and reads it to its
+// end, within limit (0: no limit).
 func streamCompletionWithin(addr string, tokens int, limit time.Duration) streamResult {
 	c := &http.Client{Timeout: limit}
 	resp, err := c.Post("http://"+addr+"/v1/chat/completions", "application/json",
