@@ -716,6 +716,7 @@ type streamResult struct {
 	err      error
 }
 
+// streamCompletion sends a streaming completion and reads it to its end.
 func streamCompletion(addr string, tokens int) streamResult {
 	return streamCompletionWithin(addr, tokens, 0)
 }
