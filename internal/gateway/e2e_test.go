@@ -70,6 +70,8 @@ type gridSpec struct {
 	policy       string
 	// clocks, where set, are the operators' clocks.
 	clocks map[string]clock.Clock
+	// pollInterval, where set, is the gateways' pollInterval.
+	pollInterval string
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -143,8 +145,12 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if policy == "" {
 			policy = config.PolicyAgeAware
 		}
-		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\navailability: {shedding: %v, full_after_ms: 500, room_after_ms: 500, ceiling_floor: %g, smoothing: %g, policy: %s}\n",
-			n, tlsBlock(n), s.client, s.hop, s.met, s.signals, spec.shedding, floor, smoothing, policy)
+		poll := spec.pollInterval
+		if poll == "" {
+			poll = "1s"
+		}
+		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\npollInterval: %s\navailability: {shedding: %v, full_after_ms: 500, room_after_ms: 500, ceiling_floor: %g, smoothing: %g, policy: %s}\n",
+			n, tlsBlock(n), s.client, s.hop, s.met, s.signals, poll, spec.shedding, floor, smoothing, policy)
 		gwCfg, err := config.ParseGateway(n+"-gw.yaml", []byte(gwYAML))
 		if err != nil {
 			t.Fatal(err)
@@ -613,5 +619,41 @@ func idleSplit(t *testing.T, policy string) {
 	}
 	if share < 0.65 || share > 0.85 {
 		t.Errorf("west's share %.2f, want about 0.75 (capacity 12 of 16)", share)
+	}
+}
+
+// TestLongPollCarriesAChangeAtOnce: the gateway's poll waits at its
+// operator for a change, so what the operator publishes reaches the
+// gateway's snapshot at once, not at the next poll interval (here 10 s): a
+// provider that goes unready is out of its own site's gateway within about
+// the operator's two-scrape streak.
+func TestLongPollCarriesAChangeAtOnce(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}, pollInterval: "10s"})
+	east := g["east"]
+	warm(t, east)
+	waitUntil(t, 15*time.Second, "east's gateway draws on east", func() bool { return measured(east.gw.View(), "east") })
+	start := time.Now()
+	resp, err := http.Post(east.simURL+"/sim/control", "application/json", strings.NewReader(`{"readyEndpoints": 0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	excluded := func() bool {
+		for _, c := range east.gw.View().Sites {
+			if c.Site == "east" && !c.Ready {
+				return true
+			}
+		}
+		return false
+	}
+	waitUntil(t, 4*time.Second, "east out of its gateway's snapshot well before the 10 s poll interval", excluded)
+	t.Logf("east excluded from its own gateway %v after going unready (gateway pollInterval 10s)", time.Since(start).Round(10*time.Millisecond))
+	// The gateway reads as often as the operator publishes (each scrape,
+	// 1 s), not every 10 s: at least three reads in four seconds.
+	polls := func() float64 { return metric(east.gw.MetricsHandler(), "grid_signals_poll_total", `result="ok"`) }
+	before := polls()
+	time.Sleep(4 * time.Second)
+	if n := polls() - before; n < 3 {
+		t.Errorf("%v reads in 4 s: the gateway is not long polling", n)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -87,6 +88,12 @@ type Gateway struct {
 	first       chan struct{} // closed after the first successful poll
 	// lastRead is the unix ns of the latest successful poll, 0 before one.
 	lastRead atomic.Int64
+	// cursor is the last answer's long-poll cursor (nil: read plainly).
+	cursor atomic.Pointer[string]
+	// waitingSince is the unix ns a long poll now waiting at the operator
+	// was sent, 0 when none waits: while the operator holds it, it answers
+	// on change, so the board is as fresh as what the operator holds.
+	waitingSince atomic.Int64
 	// pollDone is closed, and replaced, at the end of every poll cycle.
 	pollDone atomic.Pointer[chan struct{}]
 	turn     atomic.Uint64
@@ -267,11 +274,25 @@ func (g *Gateway) touch() {
 
 // Run polls the operator every pollInterval while the gateway serves:
 // from the first request until it has been idle for idleAfter.
+//
+// Against an operator that answers long polls (its answers carry a
+// cursor), each poll waits at the operator for the board to change, so a
+// change reaches the snapshot as soon as it is published; polls are at
+// least minPollGap apart, so a board that changes many times a second is
+// read in batches. Against one that does not, the gateway polls every
+// pollInterval. Either way a second goroutine, owned here, rebuilds the
+// snapshot every pollInterval (readings age) and at once after a passive
+// health ejection (docs/protocol.md §4.11).
 func (g *Gateway) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.refreshLoop(ctx) }()
+	defer wg.Wait()
 	for {
 		cfg := g.cfg.Load()
 		idle := g.clk.Now().Sub(time.Unix(0, g.lastRequest.Load())) > cfg.IdleAfter.D()
 		if g.lastRequest.Load() == 0 || idle {
+			g.cursor.Store(nil) // the wake poll is a plain read
 			select {
 			case <-ctx.Done():
 				return
@@ -279,29 +300,49 @@ func (g *Gateway) Run(ctx context.Context) {
 			}
 		}
 		start := g.clk.Now()
-		g.Poll(ctx)
-		if !g.sleep(ctx, max(0, cfg.PollInterval.D()-g.clk.Now().Sub(start))) {
+		ok := g.Poll(ctx)
+		gap := cfg.PollInterval.D()
+		if ok && g.cursor.Load() != nil {
+			gap = minPollGap
+		}
+		if !g.sleep(ctx, max(0, gap-g.clk.Now().Sub(start))) {
 			return
 		}
 	}
 }
 
-// sleep waits d, rebuilding the snapshot whenever passive health ejects an
-// upstream meanwhile, so an ejection takes effect at once rather than at
-// the next poll (docs/protocol.md §4.11's health-triggered rebuild). It reports
-// false when ctx ends.
-func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
-	t := g.clk.NewTimer(d)
+// minPollGap spaces long polls.
+const minPollGap = 200 * time.Millisecond
+
+// longPollWait is how long a poll waits at the operator for a change.
+const longPollWait = 25 * time.Second
+
+// refreshLoop rebuilds the snapshot every pollInterval, and at once when
+// passive health ejects an upstream, until ctx ends.
+func (g *Gateway) refreshLoop(ctx context.Context) {
+	t := g.clk.NewTicker(g.cfg.Load().PollInterval.D())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return
 		case <-t.C():
-			return true
+			g.refresh()
 		case <-g.ejected:
 			g.refresh()
 		}
+	}
+}
+
+// sleep waits d; it reports false when ctx ends.
+func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
+	t := g.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
 	}
 }
 
@@ -309,10 +350,18 @@ func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
 // operator's body cap cuts it) and serving document, ingest, rebuild the
 // snapshot. The snapshot is rebuilt after every cycle, success or not, so
 // readings age and learned state decays.
-func (g *Gateway) Poll(ctx context.Context) {
+func (g *Gateway) Poll(ctx context.Context) (ok bool) {
 	cfg := g.cfg.Load()
 	base := strings.TrimRight(cfg.Operator.Signals, "/")
-	first, err := g.fetch(ctx, base+signals.SignalsPath)
+	firstURL, timeout := base+signals.SignalsPath, pollTimeout
+	if c := g.cursor.Load(); c != nil {
+		// The operator answers when the board moves past the cursor.
+		firstURL += "?" + signals.WaitParam + "=" + longPollWait.String() + "&" + signals.SinceParam + "=" + url.QueryEscape(*c)
+		timeout += longPollWait
+		g.waitingSince.Store(g.clk.Now().UnixNano())
+	}
+	first, err := g.fetchWithin(ctx, firstURL, timeout)
+	g.waitingSince.Store(0)
 	if err == nil {
 		var doc fetched
 		if doc, err = g.fetch(ctx, base+signals.ServingPath); err == nil {
@@ -346,9 +395,10 @@ func (g *Gateway) Poll(ctx context.Context) {
 		}
 	}
 	if err != nil && ctx.Err() != nil {
-		return
+		return false
 	}
 	if err != nil {
+		g.cursor.Store(nil) // the next read is a plain one
 		g.pollFailed(err)
 		// Skew seen in the pages read is evidence; silence is not.
 		if skew > 0 {
@@ -359,7 +409,12 @@ func (g *Gateway) Poll(ctx context.Context) {
 		if g.rep.pendingBad() {
 			g.report(ctx, base)
 		}
-		return
+		return false
+	}
+	if first.cursor != "" {
+		g.cursor.Store(&first.cursor)
+	} else {
+		g.cursor.Store(nil) // an operator without long polls
 	}
 	g.m.polls.WithLabelValues("ok").Inc()
 	g.m.lastSuccess.Set(float64(g.clk.Now().UnixMilli()) / 1000)
@@ -371,6 +426,7 @@ func (g *Gateway) Poll(ctx context.Context) {
 	g.refresh()
 	g.polled(true)
 	g.report(ctx, base)
+	return true
 }
 
 // pollFailed counts a failed poll and says why at WARN: at once when reads
@@ -456,11 +512,20 @@ type fetched struct {
 	body []byte
 	date time.Time
 	next string
+	// cursor is the answer's long-poll cursor; "" from an operator that
+	// does not answer long polls.
+	cursor string
 }
 
 // fetch GETs one operator document, bounded in time and size.
 func (g *Gateway) fetch(ctx context.Context, url string) (fetched, error) {
-	ctx, cancel := context.WithTimeout(ctx, pollTimeout)
+	return g.fetchWithin(ctx, url, pollTimeout)
+}
+
+// fetchWithin is fetch bounded by timeout (a long poll's is its wait and
+// the poll timeout).
+func (g *Gateway) fetchWithin(ctx context.Context, url string, timeout time.Duration) (fetched, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -493,7 +558,7 @@ func (g *Gateway) fetch(ctx context.Context, url string) (fetched, error) {
 	if err != nil {
 		return fetched{}, &pollError{"no_date", err}
 	}
-	return fetched{body: buf.Bytes(), date: date, next: resp.Header.Get(signals.RelayNextHeader)}, nil
+	return fetched{body: buf.Bytes(), date: date, next: resp.Header.Get(signals.RelayNextHeader), cursor: resp.Header.Get(signals.CursorHeader)}, nil
 }
 
 // topology is the candidate list: this site's providers from its operator's
@@ -597,8 +662,8 @@ func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot,
 			return nil, &errOperatorUnreachable
 		}
 	}
-	window := settings(g.cfg.Load(), g.serving.Load()).WindowMs
-	if g.timeline.NowMs()-g.builder.Current().BuiltAt <= window {
+	window := time.Duration(settings(g.cfg.Load(), g.serving.Load()).WindowMs) * time.Millisecond
+	if g.boardAge() <= window {
 		return g.snapshot(hop), nil
 	}
 	done := *g.pollDone.Load()
@@ -609,10 +674,25 @@ func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot,
 	case <-t.C():
 	case <-ctx.Done():
 	}
-	if g.timeline.NowMs()-g.builder.Current().BuiltAt > window {
-		g.refresh()
+	if g.boardAge() > window {
+		g.refresh() // at now: what is older than the load window is unknown
 	}
 	return g.snapshot(hop), nil
+}
+
+// boardAge is how old what the gateway holds may be: the time since its
+// latest successful read, or nothing while a long poll waits at the
+// operator (which answers as soon as anything changes).
+func (g *Gateway) boardAge() time.Duration {
+	now := g.clk.Now()
+	if since := g.waitingSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) < longPollWait+pollTimeout {
+		return 0
+	}
+	last := g.lastRead.Load()
+	if last == 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return now.Sub(time.Unix(0, last))
 }
 
 // Ready reports whether the gateway can route: it has read its operator,
@@ -630,7 +710,7 @@ func (g *Gateway) Ready() (bool, string) {
 		return true, "idle"
 	}
 	window := time.Duration(settings(cfg, g.serving.Load()).WindowMs) * time.Millisecond
-	if age := now.Sub(time.Unix(0, last)); age > window {
+	if age := g.boardAge(); age > window {
 		return false, fmt.Sprintf("no successful read of the operator for %v (load window %v)", age.Round(time.Second), window)
 	}
 	return true, "ok"

@@ -198,6 +198,11 @@ func TestPollReadsEveryRelayPage(t *testing.T) {
 	if len(afters) != 2 || afters[1] != "peers:west/a" {
 		t.Errorf("cursors sent %q", afters)
 	}
+	// This operator does not answer long polls (its answers carry no
+	// cursor): the gateway keeps reading it plainly, every pollInterval.
+	if c := g.cursor.Load(); c != nil {
+		t.Errorf("long-polling an operator that gave no cursor (%q)", *c)
+	}
 
 	// The first poll folded a clean observation (the report channel 404s
 	// here, so it stays pending); a partial read folds none.

@@ -296,15 +296,23 @@ func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits
 			}
 		},
 	}
+	bellCtx, stopBell := context.WithCancel(ctx)
+	defer stopBell()
+	bellDone := make(chan struct{})
+	go func() { defer close(bellDone); o.waits.ring(bellCtx, o.clk) }()
+	defer func() { stopBell(); <-bellDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(gl) }()
 	select {
 	case err := <-errc:
+		o.waits.stop()
 		gl.Close()
 		gl.wait()
 		return fmt.Errorf("signals listener: %w", err)
 	case <-ctx.Done():
 	}
+	// Long polls end now, so the drain is not held by them.
+	o.waits.stop()
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

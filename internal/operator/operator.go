@@ -57,6 +57,8 @@ type Operator struct {
 	// poller, so a reload and a gossip update racing each other cannot
 	// leave the poller with the older of the two.
 	pollSetMu sync.Mutex
+	// waits is the long poll's state (longpoll.go).
+	waits *waits
 	// stateTrouble is why stateDir cannot be written, or "" (the scrape
 	// loop sets it; readiness reads it).
 	stateTrouble atomic.Pointer[string]
@@ -105,6 +107,8 @@ func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 		id:        opts.Identity,
 		dial:      opts.Dial,
 	}
+	o.waits = newWaits()
+	o.site.changed, o.peerStore.changed = o.waits.siteChanged, o.waits.peersChanged
 	o.memo = backend.NewProbeMemo(opts.Clock, func(url string) { o.countReprobe(url, reprobeExpired) })
 	o.m = newMetrics(o)
 	o.cfg.Store(cfg)
@@ -394,6 +398,7 @@ func (o *Operator) Reload(next *config.Operator) error {
 	o.memo.Clear()
 	o.cfg.Store(next)
 	o.configurePollSet()
+	o.waits.wakeAll() // what callers may read may have changed
 	return nil
 }
 

@@ -49,6 +49,30 @@ func (o *Operator) SignalsHandler() http.Handler {
 		if !local {
 			sel.peer, sel.models = &peer, o.providerModels()
 		}
+		// The long poll: answered when what the caller may read changed
+		// after its cursor, or when its wait ends (longpoll.go).
+		board, key := o.waits.site, "peer:"+caller.Site
+		if local {
+			// Gateway replicas share the site's identity: one wait each,
+			// told apart by their connection.
+			board, key = o.waits.relay, "local:"+r.RemoteAddr
+		}
+		if ws, ss := q.Get(signals.WaitParam), q.Get(signals.SinceParam); ws != "" && ss != "" && q.Get(signals.AfterParam) == "" {
+			wait, err := time.ParseDuration(ws)
+			since, serr := strconv.ParseUint(ss, 10, 64)
+			if err != nil || serr != nil || wait < 0 {
+				http.Error(w, "signals: wait must be a duration and since a cursor from "+signals.CursorHeader, http.StatusBadRequest)
+				return
+			}
+			o.waits.wait(r.Context(), o.clk, board, key, since, o.clk.Now().Add(min(wait, MaxWait)))
+			if r.Context().Err() != nil {
+				return
+			}
+		}
+		// The cursor is read before the rows: a change that lands while
+		// they are rendered moves the board past it, so the caller's next
+		// wait returns at once and nothing is lost.
+		version, _ := board.state()
 		// One clock reading for the Date header and every stamp, so that
 		// Date minus stamp is an age free of any clock offset.
 		now := o.clk.Now()
@@ -68,6 +92,7 @@ func (o *Operator) SignalsHandler() http.Handler {
 		h.Set("Date", now.UTC().Format(http.TimeFormat))
 		h.Set("Age", strconv.FormatInt(b.ageSeconds(now), 10))
 		h.Set("Cache-Control", "no-store")
+		h.Set(signals.CursorHeader, cursor(version))
 		if next, ok := b.nextPage(); ok {
 			h.Set(signals.RelayNextHeader, next.String())
 		}

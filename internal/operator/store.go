@@ -15,6 +15,9 @@ import (
 // peers published.
 type Store struct {
 	ttl time.Duration
+	// changed, when set, is called after every change of the entries
+	// (set once, before use).
+	changed func()
 
 	mu      sync.Mutex
 	entries map[string]*Entry
@@ -46,8 +49,15 @@ func (s *Store) Put(target string, rows []signals.Row, at time.Time) {
 // PutEntry stores a prepared entry.
 func (s *Store) PutEntry(e *Entry) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.entries[e.Target] = e
+	s.mu.Unlock()
+	s.notify()
+}
+
+func (s *Store) notify() {
+	if s.changed != nil {
+		s.changed()
+	}
 }
 
 // TTL is how long entries live.
@@ -57,7 +67,6 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // peer's answer replaces all that peer held.
 func (s *Store) Replace(prefix string, entries []*Entry) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for k := range s.entries {
 		if strings.HasPrefix(k, prefix) {
 			delete(s.entries, k)
@@ -66,6 +75,8 @@ func (s *Store) Replace(prefix string, entries []*Entry) {
 	for _, e := range entries {
 		s.entries[e.Target] = e
 	}
+	s.mu.Unlock()
+	s.notify()
 }
 
 // Get returns a target's entry, expired or not, for fencing.
@@ -78,8 +89,9 @@ func (s *Store) Get(target string) *Entry {
 // Delete drops a target (its provider was removed).
 func (s *Store) Delete(target string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	delete(s.entries, target)
+	s.mu.Unlock()
+	s.notify()
 }
 
 // Current returns the unexpired entries at now in target order, dropping the

@@ -28,6 +28,19 @@ const (
 	MaxLinesPerTarget = 4096
 )
 
+// The long poll (docs/protocol.md §2.1): every answer carries a cursor; a
+// caller that passes it back as since, with a wait, is answered when what
+// it may read changed after it, or when the wait ends. A caller that does
+// not ask to wait is answered at once.
+const (
+	// CursorHeader carries an answer's cursor.
+	CursorHeader = "X-Grid-Cursor"
+	// WaitParam asks to wait (a duration, at most 60 s) for a change.
+	WaitParam = "wait"
+	// SinceParam is the cursor the wait is for.
+	SinceParam = "since"
+)
+
 // Relay paging (docs/protocol.md §2.5): an answer to the Local caller that
 // the body bound cut names where the next page starts; the gateway passes it
 // back as the after parameter.

@@ -1,0 +1,118 @@
+package operator
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// TestLongPoll: a read that asks to wait is answered when the board moves
+// past its cursor, or when its wait ends (on the operator's clock, rung by
+// the bell); without a wait, or with an older cursor, at once; a second
+// wait of the same caller ends the first; stopping ends every wait; the
+// cursor is read before the rows, so a change made while an answer is
+// written moves the board past it.
+func TestLongPoll(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_000_000, 0))
+	op := newPeeringOperatorOn(t, clk, "hub", "east")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go op.waits.ring(ctx, clk)
+	own, err := op.id.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(query, remote string) chan *httptest.ResponseRecorder {
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			r := httptest.NewRequest(http.MethodGet, signals.SignalsPath+query, nil)
+			r.RemoteAddr = remote
+			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+			rec := httptest.NewRecorder()
+			op.SignalsHandler().ServeHTTP(rec, r)
+			done <- rec
+		}()
+		return done
+	}
+	answered := func(c chan *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+		t.Helper()
+		select {
+		case rec := <-c:
+			return rec
+		case <-time.After(5 * time.Second):
+			t.Fatal("not answered")
+			return nil
+		}
+	}
+	pending := func(c chan *httptest.ResponseRecorder) {
+		t.Helper()
+		select {
+		case rec := <-c:
+			t.Fatalf("answered early: %d %s", rec.Code, rec.Body)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	put := func(target string) {
+		op.SiteStore().Put(target, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: target}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, clk.Now())
+	}
+
+	first := answered(read("", "10.0.0.1:1"))
+	c0 := first.Header().Get(signals.CursorHeader)
+	if first.Code != 200 || c0 == "" {
+		t.Fatalf("a plain read: %d, cursor %q", first.Code, c0)
+	}
+	// Waiting on the current cursor: answered when a row changes.
+	waiting := read("?wait=30s&since="+c0, "10.0.0.1:1")
+	pending(waiting)
+	put("pool-a")
+	rec := answered(waiting)
+	c1 := rec.Header().Get(signals.CursorHeader)
+	if c1 == c0 || !containsRow(rec.Body.String(), "pool-a") {
+		t.Errorf("the change's answer: cursor %s after %s, body %s", c1, c0, rec.Body)
+	}
+	// An older cursor is answered at once.
+	answered(read("?wait=30s&since="+c0, "10.0.0.1:1"))
+	// No change: answered when the wait ends on the operator's clock.
+	waiting = read("?wait=3s&since="+c1, "10.0.0.1:1")
+	pending(waiting)
+	clk.Advance(2 * time.Second)
+	pending(waiting)
+	clk.Advance(2 * time.Second)
+	if rec := answered(waiting); rec.Header().Get(signals.CursorHeader) != c1 {
+		t.Errorf("a timed-out wait changed the cursor: %s", rec.Header().Get(signals.CursorHeader))
+	}
+	// The same caller waits again: the first wait ends.
+	w1 := read("?wait=30s&since="+c1, "10.0.0.1:1")
+	pending(w1)
+	w2 := read("?wait=30s&since="+c1, "10.0.0.1:1")
+	answered(w1)
+	pending(w2)
+	// Another replica of the gateway (another connection) waits beside it.
+	w3 := read("?wait=30s&since="+c1, "10.0.0.2:1")
+	pending(w3)
+	pending(w2)
+	// Stopping ends every wait.
+	op.waits.stop()
+	answered(w2)
+	answered(w3)
+	// A bad wait or cursor is a 400.
+	if rec := answered(read("?wait=soon&since=1", "10.0.0.1:1")); rec.Code != 400 {
+		t.Errorf("a bad wait: %d", rec.Code)
+	}
+	if _, err := strconv.ParseUint(c1, 10, 64); err != nil {
+		t.Errorf("cursor %q", c1)
+	}
+}
+
+func containsRow(body, provider string) bool {
+	return strings.Contains(body, `grid_provider="`+provider+`"`)
+}
