@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
@@ -115,4 +116,38 @@ func TestLongPoll(t *testing.T) {
 
 func containsRow(body, provider string) bool {
 	return strings.Contains(body, `grid_provider="`+provider+`"`)
+}
+
+// TestPeerLongPollCarriesAChangeAtOnce: between two operators, east's loop
+// for west waits at west for a change (its peerPollInterval is 10 s here),
+// so a row west publishes is in east's peers store within about a second;
+// an old-style read (no wait) of the same operator is answered at once.
+func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
+	dir := pki(t, "east", "west")
+	west := startSite(t, dir, "west", t.TempDir(), "", nil, "east=https://127.0.0.1:1")
+	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://"+west.addr)
+	cfg := *east.op.cfg.Load()
+	cfg.PeerPollInterval = config.Duration(10 * time.Second)
+	east.op.cfg.Store(&cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { east.op.RunPeers(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	put := func(p string) {
+		west.op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "west"}}, Value: 1}}, time.Now())
+	}
+	has := func(target string) bool { return east.op.PeerStore().Get(target) != nil }
+	put("first")
+	waitFor(t, 5*time.Second, "east reads west", func() bool { return has("west/first") })
+	// The loop now waits at west: a new row arrives at once, not at the
+	// next 10 s poll.
+	time.Sleep(300 * time.Millisecond) // the long poll is under way
+	start := time.Now()
+	put("second")
+	took := waitFor(t, 3*time.Second, "west's new row reaches east", func() bool { return has("west/second") })
+	t.Logf("a row west published reached east in %v (peerPollInterval 10s)", took)
+	if time.Since(start) > 3*time.Second {
+		t.Error("the change waited for the poll interval")
+	}
 }

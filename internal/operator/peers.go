@@ -72,6 +72,9 @@ type peerState struct {
 	// agesRejected is the PeerAgesRejected state: the peer's last answer
 	// carried rows refused for age. Silence keeps it.
 	agesRejected bool
+	// cursor is the peer's last long-poll cursor, "" when the next poll
+	// is a plain one (the peer's loop only).
+	cursor string
 }
 
 // peerPoller polls every configured peer.
@@ -160,9 +163,70 @@ func (pp *peerPoller) snapshot() []*peerState {
 }
 
 // RunPeers polls every peer each peerPollInterval until ctx ends.
+//
+// Each peer has a loop of its own (as a Prometheus scrape loop per target),
+// started and stopped as the poll set changes. Against a peer that answers
+// long polls, the loop waits at the peer for its rows to change, up to
+// peerPollInterval, so a change at the peer is here as soon as it is
+// published and a silent or hung peer is noticed as soon as with plain
+// polls; against one that does not, it polls every peerPollInterval.
 func (o *Operator) RunPeers(ctx context.Context) {
-	every(ctx, o.clk, func() time.Duration { return o.cfg.Load().PeerPollInterval.D() }, func() { o.PollPeers(ctx) })
+	if o.poller == nil {
+		return
+	}
+	loops := map[*peerState]context.CancelFunc{}
+	var wg sync.WaitGroup
+	defer func() {
+		for _, stop := range loops {
+			stop()
+		}
+		wg.Wait()
+	}()
+	t := o.clk.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		current := map[*peerState]bool{}
+		for _, ps := range o.poller.snapshot() {
+			current[ps] = true
+			if loops[ps] == nil {
+				lctx, stop := context.WithCancel(ctx)
+				loops[ps] = stop
+				wg.Add(1)
+				go func() { defer wg.Done(); o.poller.loop(lctx, ps) }()
+			}
+		}
+		for ps, stop := range loops {
+			if !current[ps] {
+				stop()
+				delete(loops, ps)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
 }
+
+// loop polls one peer until ctx ends: long polls while the peer gives
+// cursors, plain polls every peerPollInterval otherwise.
+func (pp *peerPoller) loop(ctx context.Context, ps *peerState) {
+	for ctx.Err() == nil {
+		start := pp.o.clk.Now()
+		gap := pp.o.cfg.Load().PeerPollInterval.D()
+		if pp.pollPeer(ctx, ps, true) {
+			gap = minLongPollGap // the wait was at the peer
+		}
+		if sleepCtx(ctx, gap-pp.o.clk.Now().Sub(start)) != nil {
+			return
+		}
+	}
+}
+
+// minLongPollGap spaces long polls, so a peer whose rows change many times
+// a second is read in batches.
+const minLongPollGap = 200 * time.Millisecond
 
 // PollPeers runs one round: every peer concurrently (bounded), each peer's
 // rows published as soon as that peer completes.
@@ -170,30 +234,41 @@ func (o *Operator) PollPeers(ctx context.Context) {
 	if o.poller == nil {
 		return
 	}
-	forEachBounded(ctx, o.cfg.Load().PeerPoll.Concurrency, o.poller.snapshot(), func(ps *peerState) { o.poller.pollPeer(ctx, ps) })
+	forEachBounded(ctx, o.cfg.Load().PeerPoll.Concurrency, o.poller.snapshot(), func(ps *peerState) { o.poller.pollPeer(ctx, ps, false) })
 }
 
 // pollPeer polls one peer with retries inside its budget, then publishes.
-func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState) {
+// With long set and a cursor from the peer's last answer, the poll is one
+// long poll instead, waiting up to peerPollInterval at the peer; a failed
+// one makes the next poll a plain one. It reports whether the peer's
+// answer carried a cursor: the next poll may wait at the peer.
+func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState, long bool) (waitNext bool) {
 	o := pp.o
 	cfg := o.cfg.Load().PeerPoll
 	site := ps.cfg.Site
 	o.m.peers.inFlight.Inc()
 	defer o.m.peers.inFlight.Dec()
 	start := o.clk.Now()
-	budgetCtx, cancel := context.WithTimeout(ctx, cfg.Budget.D())
+	var wait time.Duration
+	attempts, budget := cfg.Attempts, cfg.Budget.D()
+	if long && ps.cursor != "" {
+		wait = o.cfg.Load().PeerPollInterval.D()
+		attempts, budget = 1, wait+cfg.Timeout.D()
+	}
+	budgetCtx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 
 	var (
 		body    []byte
 		date    time.Time
+		cursor  string
 		outcome string
 		err     error
 	)
-	for attempt := 0; attempt < cfg.Attempts; attempt++ {
-		body, date, err = pp.attempt(budgetCtx, ps)
+	for attempt := 0; attempt < attempts; attempt++ {
+		body, date, cursor, err = pp.attempt(budgetCtx, ps, wait)
 		outcome = classifyPoll(ctx, err)
-		if outcome == OutcomeOK || !retryable(outcome) || attempt == cfg.Attempts-1 {
+		if outcome == OutcomeOK || !retryable(outcome) || attempt == attempts-1 {
 			break
 		}
 		delay := backoff(cfg.Backoff.D(), attempt, site)
@@ -211,21 +286,28 @@ func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState) {
 	elapsed := o.clk.Now().Sub(start)
 	o.m.peers.polls.WithLabelValues(site, outcome).Inc()
 	o.m.peers.duration.WithLabelValues(site).Observe(elapsed.Seconds())
-	if elapsed >= cfg.Slow.D() {
+	if elapsed-wait >= cfg.Slow.D() {
 		o.m.peers.slow.WithLabelValues(site).Inc()
 	}
 	if outcome == OutcomeCancelled {
-		return
+		return false
 	}
 	if outcome != OutcomeOK {
+		if long {
+			ps.cursor = ""
+		}
 		o.m.peers.up.WithLabelValues(site).Set(0)
 		o.log.Debug("peer poll failed", "peer", site, "outcome", outcome, "err", err)
-		return
+		return false
+	}
+	if long {
+		ps.cursor = cursor
 	}
 	o.m.peers.up.WithLabelValues(site).Set(1)
 	o.m.peers.lastSuccess.WithLabelValues(site).Set(float64(o.clk.Now().UnixMilli()) / 1000)
 	o.m.peers.bytes.WithLabelValues(site).Add(float64(len(body)))
 	pp.ingest(ps, body, date)
+	return cursor != ""
 }
 
 // backoff is the delay before retry k (k = 0 for the first): the base
@@ -251,45 +333,49 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// attempt is one bounded GET of a peer's signals.
-func (pp *peerPoller) attempt(ctx context.Context, ps *peerState) ([]byte, time.Time, error) {
+// attempt is one bounded GET of a peer's signals; with wait, a long poll
+// on the peer's last cursor. It returns the answer's cursor too.
+func (pp *peerPoller) attempt(ctx context.Context, ps *peerState, wait time.Duration) ([]byte, time.Time, string, error) {
 	cfg := pp.o.cfg.Load().PeerPoll
 	if ps.client == nil {
-		return nil, time.Time{}, &pollError{OutcomeConfig, errors.New("no TLS configuration for this peer")}
+		return nil, time.Time{}, "", &pollError{OutcomeConfig, errors.New("no TLS configuration for this peer")}
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.D())
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.D()+wait)
 	defer cancel()
 	url := strings.TrimRight(ps.cfg.Signals, "/") + signals.SignalsPath
+	if wait > 0 {
+		url += "?" + signals.WaitParam + "=" + wait.String() + "&" + signals.SinceParam + "=" + ps.cursor
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, time.Time{}, &pollError{OutcomeConfig, err}
+		return nil, time.Time{}, "", &pollError{OutcomeConfig, err}
 	}
 	resp, err := ps.client.Do(req)
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, time.Time{}, "", err
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 500:
-		return nil, time.Time{}, &pollError{OutcomeServerError, fmt.Errorf("HTTP %d", resp.StatusCode)}
+		return nil, time.Time{}, "", &pollError{OutcomeServerError, fmt.Errorf("HTTP %d", resp.StatusCode)}
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return nil, time.Time{}, &pollError{OutcomeClientError, fmt.Errorf("HTTP %d", resp.StatusCode)}
+		return nil, time.Time{}, "", &pollError{OutcomeClientError, fmt.Errorf("HTTP %d", resp.StatusCode)}
 	}
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, signals.MaxAnswerBytes+1)); err != nil {
-		return nil, time.Time{}, err
+		return nil, time.Time{}, "", err
 	}
 	if buf.Len() > signals.MaxAnswerBytes {
-		return nil, time.Time{}, &pollError{OutcomeTransport, errors.New("answer exceeds 1 MiB")}
+		return nil, time.Time{}, "", &pollError{OutcomeTransport, errors.New("answer exceeds 1 MiB")}
 	}
 	if !utf8.Valid(buf.Bytes()) {
-		return nil, time.Time{}, &pollError{OutcomeEncoding, errors.New("answer is not UTF-8")}
+		return nil, time.Time{}, "", &pollError{OutcomeEncoding, errors.New("answer is not UTF-8")}
 	}
 	date, err := http.ParseTime(resp.Header.Get("Date"))
 	if err != nil {
-		return nil, time.Time{}, &pollError{OutcomeEncoding, fmt.Errorf("no usable Date header: %w", err)}
+		return nil, time.Time{}, "", &pollError{OutcomeEncoding, fmt.Errorf("no usable Date header: %w", err)}
 	}
-	return buf.Bytes(), date, nil
+	return buf.Bytes(), date, resp.Header.Get(signals.CursorHeader), nil
 }
 
 // classifyPoll maps an attempt's error to its outcome.
