@@ -70,8 +70,9 @@ type gridSpec struct {
 	policy       string
 	// clocks, where set, are the operators' clocks.
 	clocks map[string]clock.Clock
-	// pollInterval, where set, is the gateways' pollInterval.
-	pollInterval string
+	// pollInterval, where set, is the gateways' pollInterval;
+	// peerPollInterval the operators' (1s otherwise).
+	pollInterval, peerPollInterval string
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -107,7 +108,11 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 	}
 	for n, s := range sites {
 		peer := sites[map[string]string{"east": "west", "west": "east"}[n]]
-		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\npeerPollInterval: 1s\npeers:\n  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\nproviders:\n  - {name: %s-pool, model: %s, kind: epp, upstream: %q, metrics: {endpoint: %q}}\n",
+		peerPoll := spec.peerPollInterval
+		if peerPoll == "" {
+			peerPoll = "1s"
+		}
+		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\npeerPollInterval: "+peerPoll+"\npeers:\n  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\nproviders:\n  - {name: %s-pool, model: %s, kind: epp, upstream: %q, metrics: {endpoint: %q}}\n",
 			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, peer.hop, n, sim.DefaultModel, s.simURL, s.simURL)
 		opCfg, err := config.ParseOperator(n+".yaml", []byte(opYAML))
 		if err != nil {
@@ -655,5 +660,44 @@ func TestLongPollCarriesAChangeAtOnce(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	if n := polls() - before; n < 3 {
 		t.Errorf("%v reads in 4 s: the gateway is not long polling", n)
+	}
+}
+
+// TestRemoteExclusionAtDefaultIntervals: at the default intervals (scrape
+// 1 s, peer poll 5 s, gateway poll 1 s) and with no traffic, a remote
+// site's backend going unready leaves another site's gateway snapshot
+// within about the time it leaves its own (the two-scrape streak, ~2 s),
+// because every link long-polls; and it comes back as fast.
+func TestRemoteExclusionAtDefaultIntervals(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}, peerPollInterval: "5s"})
+	east := g["east"]
+	warm(t, east)
+	ready := func(site string) bool {
+		for _, c := range east.gw.View().Sites {
+			if c.Site == site {
+				return c.Ready
+			}
+		}
+		return false
+	}
+	waitUntil(t, 15*time.Second, "east draws on west", func() bool { return ready("west") })
+	control := func(body string) {
+		resp, err := http.Post(g["west"].simURL+"/sim/control", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	start := time.Now()
+	control(`{"readyEndpoints": 0}`)
+	waitUntil(t, 6*time.Second, "west out of east's snapshot", func() bool { return !ready("west") })
+	out := time.Since(start)
+	start = time.Now()
+	control(`{"readyEndpoints": null}`)
+	waitUntil(t, 6*time.Second, "west back in east's snapshot", func() bool { return ready("west") })
+	back := time.Since(start)
+	t.Logf("a remote backend unready: out of east's gateway in %v, back in %v (peerPollInterval 5s)", out.Round(10*time.Millisecond), back.Round(10*time.Millisecond))
+	if out > 3500*time.Millisecond || back > 3500*time.Millisecond {
+		t.Errorf("out in %v, back in %v: want both within 3.5 s", out, back)
 	}
 }
