@@ -621,7 +621,16 @@ func (g *Gateway) refresh() {
 	cfg := g.cfg.Load()
 	set := settings(cfg, g.serving.Load())
 	set.MeanDurationMs = g.durations.meanMs()
-	snap := g.builder.Build(g.store, g.topology(), g.timeline.NowMs(), g.health.isDown, set)
+	now := g.timeline.NowMs()
+	snap := g.builder.Build(g.store, g.topology(), now, g.health.isDown, set)
+	observed := map[string]bool{}
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		if at, ok := c.ReadingAt(); ok && !observed[c.Site] {
+			observed[c.Site] = true
+			g.m.readingAge.WithLabelValues(c.Site).Observe(float64(max(now-at, 0)) / 1000)
+		}
+	}
 	g.local.Store(localView(snap))
 	g.m.publish(snap)
 	g.hist.record(g.View(), g.clk.Now())

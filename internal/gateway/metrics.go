@@ -35,6 +35,7 @@ type metrics struct {
 	ejections         *prometheus.CounterVec
 	upstreamErrors    *prometheus.CounterVec
 	hopRefused        *prometheus.CounterVec
+	readingAge        *prometheus.HistogramVec
 	bodyBudgetRefused prometheus.Counter
 
 	published  map[[2]string]bool
@@ -64,6 +65,9 @@ func newMetrics() *metrics {
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
 		bodyBudgetRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_body_budget_refused_total",
 			Help: "Requests refused (503 body_budget) because the request bodies held in memory reached limits.bodyBytes."}),
+		readingAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_reading_age_seconds",
+			Help:    "Age of each site's latest reading at each snapshot rebuild: how stale what the gateway routes on is.",
+			Buckets: []float64{.1, .25, .5, 1, 2, 3, 5, 10, 20, 60}}, []string{"site"}),
 		hopRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
 			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (not_a_peer), or asked for a model this site does not share with it (model_not_shared)."}, []string{"reason"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
@@ -95,7 +99,7 @@ func newMetrics() *metrics {
 		}
 	}
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused, m.bodyBudgetRefused,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused, m.bodyBudgetRefused, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

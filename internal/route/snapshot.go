@@ -83,6 +83,10 @@ type Candidate struct {
 	Learnable bool
 }
 
+// ReadingAt is the timeline instant of the candidate's latest reading, and
+// whether it has one.
+func (c *Candidate) ReadingAt() (int64, bool) { return c.latestAt, c.latestAt != 0 }
+
 // Key returns the candidate's store key.
 func (c *Candidate) Key() loadstore.Key { return loadstore.Key{Site: c.Site, Provider: c.Provider} }
 
