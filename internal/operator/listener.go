@@ -59,7 +59,9 @@ type guardedListener struct {
 	isPeer func(string) bool
 	lim    Limits
 	shed   *prometheus.CounterVec
-	log    *slog.Logger
+	// accepted counts connections taken in for a handshake.
+	accepted prometheus.Counter
+	log      *slog.Logger
 
 	ready chan net.Conn
 	done  chan struct{}
@@ -74,9 +76,9 @@ type guardedListener struct {
 	release     map[net.Conn]func()
 }
 
-func newGuardedListener(raw net.Listener, id *identity.Source, isPeer func(string) bool, lim Limits, shed *prometheus.CounterVec, log *slog.Logger) *guardedListener {
+func newGuardedListener(raw net.Listener, id *identity.Source, isPeer func(string) bool, lim Limits, shed *prometheus.CounterVec, accepted prometheus.Counter, log *slog.Logger) *guardedListener {
 	l := &guardedListener{
-		raw: raw, conf: id.ServerTLS(), id: id, isPeer: isPeer, lim: lim, shed: shed, log: log,
+		raw: raw, conf: id.ServerTLS(), id: id, isPeer: isPeer, lim: lim, shed: shed, accepted: accepted, log: log,
 		ready: make(chan net.Conn), done: make(chan struct{}),
 		handshaking: map[netip.Prefix]int{}, perPeer: map[string]int{}, release: map[net.Conn]func(){},
 	}
@@ -115,6 +117,7 @@ func (l *guardedListener) acceptLoop() {
 			continue
 		}
 		l.total++
+		l.accepted.Inc()
 		l.handshaking[src.Source]++
 		if src.Wide.IsValid() {
 			l.handshaking[src.Wide]++
@@ -280,7 +283,7 @@ func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits
 	if o.id == nil {
 		return errors.New("no identity: the signals listener is mTLS only")
 	}
-	gl := newGuardedListener(ln, o.id, o.isPeer, lim, o.m.peers.shed, o.log)
+	gl := newGuardedListener(ln, o.id, o.isPeer, lim, o.m.peers.shed, o.m.peers.accepted, o.log)
 	srv := &http.Server{
 		Handler: closeWhenOld(o.SignalsHandler(), lim.MaxConnAge),
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/signals"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestLongPoll: a read that asks to wait is answered when the board moves
@@ -120,8 +122,8 @@ func containsRow(body, provider string) bool {
 
 // TestPeerLongPollCarriesAChangeAtOnce: between two operators, east's loop
 // for west waits at west for a change (its peerPollInterval is 10 s here),
-// so a row west publishes is in east's peers store within about a second;
-// an old-style read (no wait) of the same operator is answered at once.
+// so a row west publishes is in east's peers store within about a second,
+// over the one connection east holds to west.
 func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	dir := pki(t, "east", "west")
 	west := startSite(t, dir, "west", t.TempDir(), "", nil, "east=https://127.0.0.1:1")
@@ -149,5 +151,17 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	t.Logf("a row west published reached east in %v (peerPollInterval 10s)", took)
 	if time.Since(start) > 3*time.Second {
 		t.Error("the change waited for the poll interval")
+	}
+	// The polls hold one connection between the two sites: ten more
+	// changes, read one by one, open no new connection at west.
+	accepted := func() float64 { return testutil.ToFloat64(west.op.m.peers.accepted) }
+	before := accepted()
+	for i := range 10 {
+		p := fmt.Sprintf("more-%d", i)
+		put(p)
+		waitFor(t, 3*time.Second, "the change reaches east", func() bool { return has("west/" + p) })
+	}
+	if n := accepted() - before; n != 0 {
+		t.Errorf("east opened %v connections to west for ten changes, want none beyond the one it holds", n)
 	}
 }

@@ -19,6 +19,7 @@ type peerMetrics struct {
 	refused      *prometheus.CounterVec
 	agesRejected *prometheus.GaugeVec
 	shed         *prometheus.CounterVec
+	accepted     prometheus.Counter
 	truncated    *prometheus.CounterVec
 }
 
@@ -45,6 +46,8 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			Name: "grid_peer_signals_refused_total", Help: "Rows of peer answers refused, by reason."}, []string{"peer", "reason"}),
 		agesRejected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "grid_peer_ages_rejected", Help: "1 while the peer's latest answer carried rows refused for implausible age (PeerAgesRejected)."}, []string{"peer"}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "grid_signals_connections_accepted_total", Help: "Connections the signals listener took in for a TLS handshake."}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grid_signals_connections_shed_total", Help: "Signals listener connections shed, by the limit that shed them."}, []string{"limit"}),
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -58,7 +61,7 @@ func newPeerMetrics(reg *prometheus.Registry) *peerMetrics {
 			m.truncated.WithLabelValues(store, cut)
 		}
 	}
-	reg.MustRegister(m.polls, m.duration, m.retries, m.slow, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.truncated)
+	reg.MustRegister(m.polls, m.duration, m.retries, m.slow, m.inFlight, m.bytes, m.up, m.lastSuccess, m.refused, m.agesRejected, m.shed, m.accepted, m.truncated)
 	return m
 }
 

@@ -124,8 +124,11 @@ func (pp *peerPoller) configure(peers []config.Peer) {
 	}
 }
 
-// newClient dials one peer: a fresh connection for every poll, so its chain
-// is verified every time, and only that site's SPIFFE id is accepted.
+// newClient dials one peer, accepting only that site's SPIFFE id. It keeps
+// one connection to the peer and reuses it poll after poll (the long poll
+// holds it most of the time): the chain is verified when it is made, and the
+// peer's listener closes a connection after 300 s, so it is verified again
+// at least that often.
 func (pp *peerPoller) newClient(site string) *http.Client {
 	conf, err := pp.o.id.ClientTLS(site)
 	if err != nil {
@@ -142,7 +145,8 @@ func (pp *peerPoller) newClient(site string) *http.Client {
 		Transport: &http.Transport{
 			Proxy:               nil,
 			TLSClientConfig:     conf,
-			DisableKeepAlives:   true,
+			MaxIdleConnsPerHost: 1,
+			IdleConnTimeout:     2 * time.Minute,
 			TLSHandshakeTimeout: pp.o.cfg.Load().PeerPoll.Timeout.D(),
 			DialContext:         pp.o.dial,
 			ForceAttemptHTTP2:   false,
