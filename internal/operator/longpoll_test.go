@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,5 +165,63 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	}
 	if n := accepted() - before; n != 0 {
 		t.Errorf("east opened %v connections to west for ten changes, want none beyond the one it holds", n)
+	}
+}
+
+// BenchmarkLongPollFanout measures what waiting callers cost an operator:
+// N long polls held (its peers, or its gateway replicas), then one change
+// that answers them all. It reports the time and the allocations of one
+// change (rendering N answers of a 16-provider site) and the heap each
+// waiting request holds.
+func BenchmarkLongPollFanout(b *testing.B) {
+	for _, n := range []int{3, 10, 30, 100} {
+		b.Run(fmt.Sprintf("waiting=%d", n), func(b *testing.B) {
+			op := newPeeringOperatorOn(b, clock.Real{}, "hub")
+			for i := range 16 {
+				p := fmt.Sprintf("pool-%02d", i)
+				op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
+			}
+			own, err := op.id.GetX509SVID()
+			if err != nil {
+				b.Fatal(err)
+			}
+			handler := op.SignalsHandler()
+			var held float64
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				v, _ := op.waits.relay.state()
+				var ms0, ms1 runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&ms0)
+				var wg sync.WaitGroup
+				for i := range n {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := httptest.NewRequest(http.MethodGet, signals.SignalsPath+"?wait=30s&since="+strconv.FormatUint(v, 10), nil)
+						r.RemoteAddr = fmt.Sprintf("10.0.%d.%d:1", i/250, i%250)
+						r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+						handler.ServeHTTP(httptest.NewRecorder(), r)
+					}()
+				}
+				for {
+					op.waits.mu.Lock()
+					waiting := len(op.waits.waiting)
+					op.waits.mu.Unlock()
+					if waiting == n {
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
+				runtime.ReadMemStats(&ms1)
+				held += float64(ms1.HeapInuse+ms1.StackInuse) - float64(ms0.HeapInuse+ms0.StackInuse)
+				b.StartTimer()
+				op.SiteStore().Put("pool-00", []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: "pool-00"}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
+				wg.Wait()
+			}
+			b.ReportMetric(held/float64(b.N)/float64(n), "held-B/wait")
+		})
 	}
 }
