@@ -40,13 +40,17 @@ type Limits struct {
 	// progress, once it is this old: a long-lived client is rebalanced and
 	// picks up a renewed server certificate.
 	MaxConnAge time.Duration
+	// MaxWait bounds a long poll's wait. Zero turns long polls off: answers
+	// carry no cursor, so callers fall back to polling at their intervals,
+	// as they do against an operator that predates the long poll.
+	MaxWait time.Duration
 }
 
 // DefaultLimits are the reference's.
 var DefaultLimits = Limits{
 	MaxConns: 256, ReservedLocal: 8, HandshakesPerSource: 8, HandshakesPer48: 32, PerPeer: 8,
 	Handshake: 3 * time.Second, HeaderRead: 10 * time.Second, WriteStall: 10 * time.Second,
-	MaxConnAge: 300 * time.Second,
+	MaxConnAge: 300 * time.Second, MaxWait: MaxWait,
 }
 
 // guardedListener accepts TCP connections, completes their TLS handshakes
@@ -285,7 +289,7 @@ func (o *Operator) ServeSignals(ctx context.Context, ln net.Listener, lim Limits
 	}
 	gl := newGuardedListener(ln, o.id, o.isPeer, lim, o.m.peers.shed, o.m.peers.accepted, o.log)
 	srv := &http.Server{
-		Handler: closeWhenOld(o.SignalsHandler(), lim.MaxConnAge),
+		Handler: closeWhenOld(o.signalsHandler(lim.MaxWait), lim.MaxConnAge),
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
 			return context.WithValue(ctx, connBornKey{}, time.Now())
 		},

@@ -16,7 +16,7 @@ import (
 // only: waits watch a change notifier and one operator-wide bell that rings
 // every second, not timers of their own.
 
-// MaxWait bounds what a caller may ask to wait.
+// MaxWait is the longest wait a caller may ask for (Limits.MaxWait).
 const MaxWait = 60 * time.Second
 
 // notifier tells waiters that something changed: a version that rises on

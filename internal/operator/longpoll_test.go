@@ -25,7 +25,8 @@ import (
 // the bell); without a wait, or with an older cursor, at once; a second
 // wait of the same caller ends the first; stopping ends every wait; the
 // cursor is read before the rows, so a change made while an answer is
-// written moves the board past it.
+// written moves the board past it; with long polls off, no wait and no
+// cursor.
 func TestLongPoll(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_000_000, 0))
 	op := newPeeringOperatorOn(t, clk, "hub", "east")
@@ -115,6 +116,20 @@ func TestLongPoll(t *testing.T) {
 	}
 	if _, err := strconv.ParseUint(c1, 10, 64); err != nil {
 		t.Errorf("cursor %q", c1)
+	}
+	// Long polls off (Limits.MaxWait 0): a wait is answered at once and
+	// without a cursor, so its caller falls back to plain polls.
+	plain := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := httptest.NewRequest(http.MethodGet, signals.SignalsPath+"?wait=30s&since="+c1, nil)
+		r.RemoteAddr = "10.0.0.3:1"
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+		rec := httptest.NewRecorder()
+		op.signalsHandler(0).ServeHTTP(rec, r)
+		plain <- rec
+	}()
+	if rec := answered(plain); rec.Code != 200 || rec.Header().Get(signals.CursorHeader) != "" {
+		t.Errorf("with long polls off: %d, cursor %q; want 200 and none", rec.Code, rec.Header().Get(signals.CursorHeader))
 	}
 }
 

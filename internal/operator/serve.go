@@ -18,7 +18,12 @@ const refusedBody = "signals: caller is not permitted to read this site\n"
 // SignalsHandler serves GET /v1/site/signals to callers on the mTLS
 // listener: the site's own gateway (Local) reads the site and peer rows, a
 // configured peer site reads this site's rows, anyone else gets 403.
-func (o *Operator) SignalsHandler() http.Handler {
+// It holds long polls of up to MaxWait.
+func (o *Operator) SignalsHandler() http.Handler { return o.signalsHandler(MaxWait) }
+
+// signalsHandler is SignalsHandler with long polls bounded by maxWait, and
+// off when it is zero (Limits.MaxWait).
+func (o *Operator) signalsHandler(maxWait time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case signals.ServingPath:
@@ -57,14 +62,14 @@ func (o *Operator) SignalsHandler() http.Handler {
 			// told apart by their connection.
 			board, key = o.waits.relay, "local:"+r.RemoteAddr
 		}
-		if ws, ss := q.Get(signals.WaitParam), q.Get(signals.SinceParam); ws != "" && ss != "" && q.Get(signals.AfterParam) == "" {
+		if ws, ss := q.Get(signals.WaitParam), q.Get(signals.SinceParam); maxWait > 0 && ws != "" && ss != "" && q.Get(signals.AfterParam) == "" {
 			wait, err := time.ParseDuration(ws)
 			since, serr := strconv.ParseUint(ss, 10, 64)
 			if err != nil || serr != nil || wait < 0 {
 				http.Error(w, "signals: wait must be a duration and since a cursor from "+signals.CursorHeader, http.StatusBadRequest)
 				return
 			}
-			o.waits.wait(r.Context(), o.clk, board, key, since, o.clk.Now().Add(min(wait, MaxWait)))
+			o.waits.wait(r.Context(), o.clk, board, key, since, o.clk.Now().Add(min(wait, maxWait)))
 			if r.Context().Err() != nil {
 				return
 			}
@@ -92,7 +97,9 @@ func (o *Operator) SignalsHandler() http.Handler {
 		h.Set("Date", now.UTC().Format(http.TimeFormat))
 		h.Set("Age", strconv.FormatInt(b.ageSeconds(now), 10))
 		h.Set("Cache-Control", "no-store")
-		h.Set(signals.CursorHeader, cursor(version))
+		if maxWait > 0 {
+			h.Set(signals.CursorHeader, cursor(version))
+		}
 		if next, ok := b.nextPage(); ok {
 			h.Set(signals.RelayNextHeader, next.String())
 		}
