@@ -550,7 +550,7 @@ func TestFaults(t *testing.T) {
 		},
 		{
 			name:      "a remote site's only backend killed (SIGKILL), restarted on its port",
-			expected:  "east's gateway answers west's hop 502 not_delivered; west's gateway retries on west and ejects east; at most the request in flight fails",
+			expected:  "east's gateway answers west's hop not_delivered (502, or 503 once east knows); west's gateway retries on west and ejects east; at most the request in flight fails",
 			clientsAt: "west", excluded: "east", allowed: map[int]string{502: "the request in flight when the engine died"}, atMost: 1,
 			inject: func(g *faultGrid) { kill(g.sites["east"].sim) },
 			heal:   func(g *faultGrid) { g.startSim(g.sites["east"]) },

@@ -324,11 +324,15 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		outcome = "not_ready"
 		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
 		g.hist.refused(refusal.Status)
+		notDelivered(w, hop)
 		refusal.write(w, turn)
 		return
 	}
 	pick := snap.Pick(model, turn, g.timeline.NowMs(), g.own)
 	if pick.Candidate == nil {
+		if pick.Outcome != route.Shed {
+			notDelivered(w, hop)
+		}
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return
 	}
@@ -442,11 +446,21 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 			break
 		}
 	}
+	notDelivered(w, hop)
+	errUpstreamUnreachable.write(w, turn)
+	return "upstream_error"
+}
+
+// notDelivered marks the answer to a hop request that reached none of this
+// site's providers, so the entry gateway sends it elsewhere: every provider
+// refused it, or this site has none ready for its model, its snapshot
+// lags the entry gateway's (a backend that just died is known here first),
+// or it has not read its operator. A shed (429) is not marked: the site is
+// up and full, and says so to the client.
+func notDelivered(w http.ResponseWriter, hop bool) {
 	if hop {
 		w.Header().Set(headerNotDelivered, "1")
 	}
-	errUpstreamUnreachable.write(w, turn)
-	return "upstream_error"
 }
 
 // alternative is the first candidate in snapshot order, other than tried,

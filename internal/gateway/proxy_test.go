@@ -138,7 +138,7 @@ func TestHopRefusesNonPeers(t *testing.T) {
 	srv := &http.Server{Handler: g.HopHandler(), ErrorLog: log.New(io.Discard, "", 0)}
 	go srv.Serve(tls.NewListener(ln, HopTLS(east)))
 	defer srv.Close()
-	post := func(from *identity.Source) (int, http.Header) {
+	postModel := func(from *identity.Source, model string) (int, http.Header) {
 		conf := &tls.Config{InsecureSkipVerify: true} // the server's identity is not what this test checks
 		if from != nil {
 			c, err := from.ClientTLS("east")
@@ -148,7 +148,7 @@ func TestHopRefusesNonPeers(t *testing.T) {
 			conf = c
 		}
 		client := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}}
-		resp, err := client.Post("https://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+sim.DefaultModel+`"}`))
+		resp, err := client.Post("https://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+model+`"}`))
 		if err != nil {
 			return 0, nil
 		}
@@ -156,6 +156,7 @@ func TestHopRefusesNonPeers(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode, resp.Header
 	}
+	post := func(from *identity.Source) (int, http.Header) { return postModel(from, sim.DefaultModel) }
 	if code, _ := post(load("north")); code != http.StatusForbidden {
 		t.Errorf("a grid site that is not a peer: %d, want 403", code)
 	}
@@ -168,6 +169,11 @@ func TestHopRefusesNonPeers(t *testing.T) {
 	code, h := post(load("west"))
 	if code != http.StatusBadGateway || h.Get(headerNotDelivered) != "1" {
 		t.Errorf("a peer's request to a refusing provider: %d, not-delivered %q", code, h.Get(headerNotDelivered))
+	}
+	// This site has nothing ready for the model (its snapshot is ahead of
+	// the entry gateway's): nothing was sent, so the entry tries elsewhere.
+	if code, h := postModel(load("west"), "a-model-east-lost"); code < 400 || h.Get(headerNotDelivered) != "1" {
+		t.Errorf("a peer's request for a model nothing here serves: %d, not-delivered %q", code, h.Get(headerNotDelivered))
 	}
 	// A peer this site shares only another model with (peers[].models).
 	if code, _ := post(load("north-east")); code != http.StatusForbidden {
