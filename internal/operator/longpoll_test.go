@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -238,5 +240,136 @@ func BenchmarkLongPollFanout(b *testing.B) {
 			}
 			b.ReportMetric(held/float64(b.N)/float64(n), "held-B/wait")
 		})
+		// Against plain polling: one round of N callers reading at once,
+		// what the same callers cost every peerPollInterval without waits.
+		b.Run(fmt.Sprintf("plain=%d", n), func(b *testing.B) {
+			op := newPeeringOperatorOn(b, clock.Real{}, "hub")
+			for i := range 16 {
+				p := fmt.Sprintf("pool-%02d", i)
+				op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
+			}
+			own, err := op.id.GetX509SVID()
+			if err != nil {
+				b.Fatal(err)
+			}
+			handler := op.SignalsHandler()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				// The callers and their requests exist before the round,
+				// as the long polls' do before the change.
+				b.StopTimer()
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for i := range n {
+					r := httptest.NewRequest(http.MethodGet, signals.SignalsPath, nil)
+					r.RemoteAddr = fmt.Sprintf("10.0.%d.%d:1", i/250, i%250)
+					r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						handler.ServeHTTP(httptest.NewRecorder(), r)
+					}()
+				}
+				b.StartTimer()
+				close(start)
+				wg.Wait()
+			}
+		})
+	}
+}
+
+// TestLongPollsCannotStarveAnotherPeer: at the default caps, a peer that
+// spends its eight connections on long polls holds one wait (each wait ends
+// its predecessor) and is shed past its eight; another peer and the
+// site's own gateway are still answered at once, and the other peer's wait
+// is its own: a change answers both peers' waits.
+func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
+	dir := pki(t, "east", "west", "south")
+	hub := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://127.0.0.1:1", "south=https://127.0.0.1:1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// longPoll opens a connection of its own and waits on it.
+	longPoll := func(from *identity.Source, since string) (chan int, *http.Client) {
+		conf, err := from.ClientTLS("east")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: conf, MaxConnsPerHost: 1}}
+		t.Cleanup(c.CloseIdleConnections)
+		done := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+hub.addr+signals.SignalsPath+"?wait=30s&since="+since, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		return done, c
+	}
+	cursorOf := func(from *identity.Source) string {
+		resp, err := client(t, from).Get("https://" + hub.addr + signals.SignalsPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.Header.Get(signals.CursorHeader)
+	}
+	west, south := idSource(t, dir, "west"), idSource(t, dir, "south")
+	since := cursorOf(west)
+	waitsHeld := func() int {
+		hub.op.waits.mu.Lock()
+		defer hub.op.waits.mu.Unlock()
+		return len(hub.op.waits.waiting)
+	}
+	// West fills its eight connections: the one that read the cursor, and
+	// seven waits, one after another.
+	var answered []int
+	var last chan int
+	for i := range DefaultLimits.PerPeer - 1 {
+		done, _ := longPoll(west, since)
+		if last != nil {
+			select { // the new wait ends the one before it
+			case code := <-last:
+				answered = append(answered, code)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("west's wait %d was not ended by the next", i)
+			}
+		}
+		waitFor(t, 5*time.Second, "west's wait held", func() bool { return waitsHeld() == 1 })
+		last = done
+	}
+	if len(answered) != DefaultLimits.PerPeer-2 || slices.ContainsFunc(answered, func(c int) bool { return c != 200 }) {
+		t.Errorf("west's superseded waits: %v, want %d answers of 200", answered, DefaultLimits.PerPeer-2)
+	}
+	// A ninth west connection is shed; south and the hub's gateway are not.
+	if code, err := fetch(client(t, west), hub.addr); err != nil || code != 503 {
+		t.Errorf("west's ninth connection: %d %v, want 503", code, err)
+	}
+	for name, from := range map[string]*identity.Source{"south": south, "hub's gateway": idSource(t, dir, "east")} {
+		began := time.Now()
+		if code, err := fetch(client(t, from), hub.addr); err != nil || code != 200 {
+			t.Errorf("%s beside west's waits: %d %v", name, code, err)
+		}
+		if d := time.Since(began); d > 2*time.Second {
+			t.Errorf("%s answered after %v beside west's waits", name, d)
+		}
+	}
+	southWait, _ := longPoll(south, cursorOf(south))
+	waitFor(t, 5*time.Second, "both peers wait", func() bool { return waitsHeld() == 2 })
+	hub.op.SiteStore().Put("pool-a", []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: "pool-a"}, {Name: signals.LabelSite, Value: "east"}}, Value: 1}}, time.Now())
+	for name, c := range map[string]chan int{"west": last, "south": southWait} {
+		select {
+		case code := <-c:
+			if code != 200 {
+				t.Errorf("%s's wait answered %d", name, code)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s's wait not answered by the change", name)
+		}
 	}
 }
