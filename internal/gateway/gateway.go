@@ -637,15 +637,10 @@ func (g *Gateway) refresh() {
 }
 
 // localView is the snapshot restricted to this site's providers, for
-// requests a peer forwarded: they are never forwarded again.
+// requests a peer forwarded: they are never forwarded again. It routes with
+// the configured policy and sheds as the full snapshot does.
 func localView(s *route.Snapshot) *route.Snapshot {
-	var local []route.Candidate
-	for i := range s.Candidates {
-		if s.Candidates[i].Local {
-			local = append(local, s.Candidates[i])
-		}
-	}
-	return route.NewSnapshot(local, nil, s.BuiltAt)
+	return s.Restrict(func(c *route.Candidate) bool { return c.Local })
 }
 
 // freshSnapshot returns the snapshot a request routes on: one built within

@@ -47,7 +47,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		reg:              prometheus.NewRegistry(),
 		decisions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_decisions_total", Help: "Routing decisions: routed and fallback per site; refusals with an empty site."}, []string{"site", "cluster", "reason"}),
-		selections:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: two_choices, between_two, lone, by_capacity."}, []string{"path"}),
+		selections:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: age_aware (the default policy's draw), and the reference arms two_choices, between_two, lone, by_capacity (the age-aware policy uses them only while no site is measured)."}, []string{"path"}),
 		rho:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_rho", Help: "Saturation the gateway last read for the site, in-flight over its ceiling. NaN when unmeasured."}, sc),
 		weight:           prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_weight", Help: "Capacity the draw weights the site by. NaN when unmeasured."}, sc),
 		ceiling:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_ceiling", Help: "Ceiling the gateway has learned for the site. NaN when unmeasured."}, sc),

@@ -485,6 +485,37 @@ func TestPickAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestRestrictKeepsThePolicy: a view narrowed to some candidates (the hop
+// view) draws with the age-aware policy and sheds as the snapshot it came
+// from.
+func TestRestrictKeepsThePolicy(t *testing.T) {
+	w := newWorld(t, "a", "b", "c")
+	w.set.AgeAware, w.set.WindowMs, w.set.SingleCeiling = true, 5000, true
+	w.set.Smoothing, w.set.Shedding, w.set.FullAfterMs, w.set.RoomAfterMs = 1, true, 0, 0
+	for i, s := range []string{"a", "b", "c"} {
+		w.publish(s, 1000, obs{running: float64(10 * (i + 1)), queue: f(0)})
+	}
+	view := w.build(2000).Restrict(func(c *Candidate) bool { return c.Site != "a" })
+	if len(view.Candidates) != 2 || view.Candidates[0].Site != "b" || view.Candidates[1].Site != "c" {
+		t.Fatalf("the view's candidates: %+v", view.Candidates)
+	}
+	if p := view.Pick("m", 1, view.BuiltAt, nil); p.Path != PathAgeAware {
+		t.Errorf("the view picked by path %v, want the age-aware draw", p.Path)
+	}
+	// Every site at its capacity with a queue: the snapshot sheds, and so
+	// does a view of it.
+	for _, s := range []string{"a", "b", "c"} {
+		w.publish(s, 3000, obs{running: 30, queue: f(5)})
+	}
+	full := w.build(4000)
+	if !full.Shedding["m"] {
+		t.Fatal("the control: the full snapshot does not shed")
+	}
+	if p := full.Restrict(func(c *Candidate) bool { return c.Site == "b" }).Pick("m", 1, 4000, nil); p.Outcome != Shed {
+		t.Errorf("a view of a shedding snapshot: %v, want shed", p.Outcome)
+	}
+}
+
 // TestAgeAwareReadsAge: a fresh reading is taken at its word (the least
 // loaded site is the only active one); an old one says little, so every site
 // becomes active and draws follow capacity.

@@ -146,6 +146,21 @@ func NewSnapshot(cands []Candidate, shedding map[string]bool, builtAt int64) *Sn
 	return s
 }
 
+// Restrict is the snapshot narrowed to the candidates keep accepts, in the
+// same order, read by the same policy: the age-aware draw, its unit and the
+// shedding latch carry over (the hop view: docs/gateway.md).
+func (s *Snapshot) Restrict(keep func(*Candidate) bool) *Snapshot {
+	var cands []Candidate
+	for i := range s.Candidates {
+		if keep(&s.Candidates[i]) {
+			cands = append(cands, s.Candidates[i])
+		}
+	}
+	r := NewSnapshot(cands, s.Shedding, s.BuiltAt)
+	r.ageAware, r.meanMs = s.ageAware, s.meanMs
+	return r
+}
+
 // Models lists the models some candidate serves, sorted.
 func (s *Snapshot) Models() []string {
 	out := make([]string, 0, len(s.byModel))
