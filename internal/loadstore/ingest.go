@@ -38,7 +38,7 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.
 			s.keys[k] = e
 			s.perSite[k.Site]++
 		}
-		if !e.admit(g, wallMs, &res.Refused) {
+		if !e.admit(g, nowMs, wallMs, &res.Refused) {
 			continue
 		}
 		for j := range g.Rows {
@@ -50,8 +50,9 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.
 }
 
 // admit applies the batch fence and the learning gate to one key's rows
-// (docs/protocol.md §4.9). It reports whether the rows are stored.
-func (e *entry) admit(g *signals.Group, wallMs int64, refused *signals.Tally) bool {
+// (docs/protocol.md §4.9), at timeline instant nowMs. It reports whether the
+// rows are stored.
+func (e *entry) admit(g *signals.Group, nowMs, wallMs int64, refused *signals.Tally) bool {
 	d, refusal, renewed := e.fence.Admit(g.Batch, wallMs)
 	switch d {
 	case signals.Refuse:
@@ -65,7 +66,13 @@ func (e *entry) admit(g *signals.Group, wallMs int64, refused *signals.Tally) bo
 		return true
 	}
 	if renewed {
-		e.generation++ // a new identity: learned capacity starts over
+		// A new identity: learned capacity starts over, and the samples of
+		// the old one teach it nothing.
+		e.generation++
+		e.identityAt = nowMs
+		for j := range g.Rows {
+			e.identityAt = min(e.identityAt, nowMs-g.Rows[j].AgeMs)
+		}
 	}
 	e.learnable = g.Batch.Samples > 0 && g.LoadSamples() == g.Batch.Samples
 	return true

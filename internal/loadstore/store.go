@@ -117,6 +117,10 @@ type entry struct {
 	// identity changes (uid, generation, epoch) bump this, so learned
 	// capacity is reset.
 	generation int
+	// identityAt is the timeline instant of the current identity's first
+	// batch (0: the first identity seen); samples before it came from an
+	// earlier identity.
+	identityAt int64
 	// model is what grid_provider_info says the provider serves.
 	model string
 	// infoAt is the timeline instant of the latest info row.
@@ -188,7 +192,12 @@ type View struct {
 	Series     map[string][]Sample
 	Learnable  bool
 	Generation int
-	Model      string
+	// IdentitySince is the timeline instant from which the samples are the
+	// current provider identity's (0: all of them): what an earlier
+	// identity (another uid, config generation or publisher epoch) reported
+	// must not teach capacity.
+	IdentitySince int64
+	Model         string
 }
 
 // View returns a copy of a key's series, or false.
@@ -199,7 +208,7 @@ func (s *Store) View(k Key) (View, bool) {
 	if !ok {
 		return View{}, false
 	}
-	v := View{Key: k, Series: make(map[string][]Sample, len(e.series)), Learnable: e.learnable, Generation: e.generation, Model: e.model}
+	v := View{Key: k, Series: make(map[string][]Sample, len(e.series)), Learnable: e.learnable, Generation: e.generation, IdentitySince: e.identityAt, Model: e.model}
 	for name, ser := range e.series {
 		v.Series[name] = append([]Sample(nil), ser.samples...)
 	}

@@ -44,6 +44,7 @@ type obs struct {
 	held    []float64
 	perPod  *float64
 	kv      *float64
+	uid     string // the provider's uid; "u" when empty
 }
 
 func f(v float64) *float64 { return &v }
@@ -77,7 +78,11 @@ func (w *world) publish(site string, t int64, o obs) {
 		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name="p"} %g %d`, lbl, *o.kv, t))
 	}
 	w.seq++
-	lines = append(lines, fmt.Sprintf(`grid_provider_config_generation{batch_samples="%d",batch_sequence="%d",%s,provider_uid="u",publisher_epoch="1"} 1 %d`, len(lines), w.seq, lbl, t))
+	uid := o.uid
+	if uid == "" {
+		uid = "u"
+	}
+	lines = append(lines, fmt.Sprintf(`grid_provider_config_generation{batch_samples="%d",batch_sequence="%d",%s,provider_uid=%q,publisher_epoch="1"} 1 %d`, len(lines), w.seq, lbl, uid, t))
 	res := w.store.Ingest([]byte(strings.Join(lines, "\n")+"\n"), t, t, t, signals.Origin{Site: "hub", Relay: true})
 	if res.Refused.Total() != 0 {
 		w.t.Fatalf("ingest refused %v", res.Refused)
@@ -482,6 +487,27 @@ func TestPickAllocatesNothing(t *testing.T) {
 		if ageAware && path != PathAgeAware {
 			t.Errorf("age-aware pick took path %v", path)
 		}
+	}
+}
+
+// TestRenewedIdentityLearnsFromItsOwnSamples: a provider that comes back
+// as another identity (a new uid: the engine was replaced) learns its
+// capacity from what it reports, not from the old engine's in-flight counts
+// still in the load window.
+func TestRenewedIdentityLearnsFromItsOwnSamples(t *testing.T) {
+	w := newWorld(t, "a")
+	w.set.WindowMs, w.set.CeilingFloor = 60_000, 1
+	w.publish("a", 1000, obs{running: 40, queue: f(0)})
+	if c := find(w.build(1000), "a"); c.Capacity != 40 {
+		t.Fatalf("the control: learned %v, want 40", c.Capacity)
+	}
+	w.publish("a", 2000, obs{running: 4, queue: f(0)})
+	if c := find(w.build(2000), "a"); c.Capacity != 40 {
+		t.Fatalf("the same identity keeps what it showed: %v, want 40", c.Capacity)
+	}
+	w.publish("a", 3000, obs{running: 4, queue: f(0), uid: "v"})
+	if c := find(w.build(3000), "a"); c.Capacity != 4 {
+		t.Errorf("a replaced engine learned %v from the old one's samples, want 4", c.Capacity)
 	}
 }
 

@@ -300,7 +300,15 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 		c.Admission = Excluded
 	}
 	if r.InFlight.OK {
-		b.learn(c, &view, r, recent, now, set)
+		// Capacity is learned from the current provider identity's samples
+		// only: an engine that restarted or was reconfigured is not the
+		// one that held the old in-flight counts.
+		lr, lrecent := r, recent
+		if since := view.IdentitySince; since > 0 && now-since < set.WindowMs {
+			lr = Read(&view, now, now-since, set.QueueFull)
+			lrecent = Read(&view, now, min(settle, now-since), set.QueueFull)
+		}
+		b.learn(c, &view, r, lr, lrecent, now, set)
 	}
 	switch {
 	case c.Admission != NewAndExisting:
@@ -313,14 +321,17 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 // learn updates the candidate's capacity bounds and smoothed rho from a
 // reading with an in-flight count (docs/protocol.md §4.11): the bounds, the
 // saturation read against them, and how long the candidate has been full.
-func (b *Builder) learn(c *Candidate, v *loadstore.View, r, recent Reading, now int64, set Settings) {
+//
+// r is the reading over the load window; learnFrom and recent (over the
+// settling window) are read from the current identity's samples only.
+func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Reading, now int64, set Settings) {
 	key := c.Key()
 	prev := b.learned[key]
 	if prev != nil && prev.generation != v.Generation {
 		prev = nil // a new provider identity: learning starts over
 	}
 	sampleAt := min(int64(r.SampledAt.V), now)
-	soft, hard, effective := learnBounds(prev, v.Learnable, r, recent, now, set)
+	soft, hard, effective := learnBounds(prev, v.Learnable, learnFrom, recent, now, set)
 	raw, rho := saturation(prev, r, effective, sampleAt, set)
 	congested := recent.CongestedInFlight.OK && recent.CongestedInFlight.V >= effective
 	fullSince := fullSince(prev, congested, now, set)
