@@ -40,8 +40,10 @@ type Reading struct {
 	// InFlight is the window-worst of (running + queued) × ready + held,
 	// each instant read together.
 	InFlight Opt
-	// CongestedInFlight is the same, over instants with a backlog only.
-	CongestedInFlight Opt
+	// CongestedInFlight is the same, over instants with a backlog only;
+	// LeastCongestedInFlight the least of those: a backlog formed at that
+	// count, so the provider holds at most that many (the hard bound).
+	CongestedInFlight, LeastCongestedInFlight Opt
 	// LatestInFlight is the in-flight count of the newest joined instant,
 	// and LatestAt that instant: what the age-aware policy starts from.
 	LatestInFlight Opt
@@ -139,6 +141,9 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 		if q.V >= queueFull || h.V >= 1 {
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x
+			}
+			if !r.LeastCongestedInFlight.OK || x.V < r.LeastCongestedInFlight.V {
+				r.LeastCongestedInFlight = x
 			}
 		}
 	}

@@ -511,6 +511,23 @@ func TestRenewedIdentityLearnsFromItsOwnSamples(t *testing.T) {
 	}
 }
 
+// TestSmallerThanTheFloorLearnsItsLimit: a 4-slot engine under a
+// ceiling_floor of 8 is read at the floor until a backlog shows its limit,
+// then at that limit, not at the floor (it drew 36 % of traffic on a 25 %
+// capacity share when the floor held).
+func TestSmallerThanTheFloorLearnsItsLimit(t *testing.T) {
+	w := newWorld(t, "a")
+	w.set.WindowMs, w.set.CeilingFloor, w.set.RoomAfterMs = 60_000, 8, 0
+	w.publish("a", 1000, obs{running: 2, queue: f(0)})
+	if c := find(w.build(1000), "a"); c.Capacity != 8 {
+		t.Fatalf("nothing shown yet: capacity %v, want the floor 8", c.Capacity)
+	}
+	w.publish("a", 2000, obs{running: 4, queue: f(1)}) // a backlog at 4 + 1
+	if c := find(w.build(2000), "a"); c.Capacity > 5 {
+		t.Errorf("after a backlog at 5 in flight: capacity %v, want at most 5", c.Capacity)
+	}
+}
+
 // TestRestrictKeepsThePolicy: a view narrowed to some candidates (the hop
 // view) draws with the age-aware policy and sheds as the snapshot it came
 // from.

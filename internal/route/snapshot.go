@@ -375,8 +375,8 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, se
 		// The demonstrated limit grows back out by the half-life.
 		hard = some(prev.hard.V / decay)
 	}
-	if learnable && recent.CongestedInFlight.OK && (!hard.OK || recent.CongestedInFlight.V < hard.V) {
-		hard = some(recent.CongestedInFlight.V)
+	if least := recent.LeastCongestedInFlight; learnable && least.OK && (!hard.OK || least.V < hard.V) {
+		hard = least
 	}
 	if hard.OK && taught > hard.V {
 		hard = Opt{} // held more than the "limit" with nothing queued: it moved
@@ -384,7 +384,10 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, se
 	if !hard.OK {
 		return soft, hard, soft
 	}
-	return soft, hard, max(min(soft, hard.V), set.CeilingFloor)
+	// The floor guards what has not been shown (the soft bound); a limit a
+	// backlog demonstrated is read as it is, so an engine smaller than the
+	// floor is not credited with slots it does not have.
+	return soft, hard, max(min(soft, hard.V), 1)
 }
 
 // saturation returns the reading's raw saturation against the effective
