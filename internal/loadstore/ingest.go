@@ -2,6 +2,7 @@ package loadstore
 
 import (
 	"hash/fnv"
+	"math"
 
 	"github.com/grid-inference/grid/internal/signals"
 )
@@ -34,7 +35,7 @@ func (s *Store) Ingest(body []byte, dateMs, nowMs, wallMs int64, origin signals.
 				res.Refused.Add(signals.RefuseStoreCap, len(g.Rows))
 				continue
 			}
-			e = &entry{series: map[string]*series{}}
+			e = &entry{series: map[string]*series{}, identityAt: math.MinInt64}
 			s.keys[k] = e
 			s.perSite[k.Site]++
 		}

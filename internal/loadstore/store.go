@@ -118,8 +118,8 @@ type entry struct {
 	// capacity is reset.
 	generation int
 	// identityAt is the timeline instant of the current identity's first
-	// batch (0: the first identity seen); samples before it came from an
-	// earlier identity.
+	// batch (math.MinInt64 for the first identity seen); samples before it
+	// came from an earlier identity.
 	identityAt int64
 	// model is what grid_provider_info says the provider serves.
 	model string
@@ -193,7 +193,7 @@ type View struct {
 	Learnable  bool
 	Generation int
 	// IdentitySince is the timeline instant from which the samples are the
-	// current provider identity's (0: all of them): what an earlier
+	// current provider identity's (math.MinInt64: all of them): what an earlier
 	// identity (another uid, config generation or publisher epoch) reported
 	// must not teach capacity.
 	IdentitySince int64

@@ -304,7 +304,7 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 		// only: an engine that restarted or was reconfigured is not the
 		// one that held the old in-flight counts.
 		lr, lrecent := r, recent
-		if since := view.IdentitySince; since > 0 && now-since < set.WindowMs {
+		if since := view.IdentitySince; since > now-set.WindowMs {
 			lr = Read(&view, now, now-since, set.QueueFull)
 			lrecent = Read(&view, now, min(settle, now-since), set.QueueFull)
 		}
