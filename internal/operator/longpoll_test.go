@@ -156,7 +156,7 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	put := func(p string) {
-		west.op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "west"}}, Value: 1}}, time.Now())
+		putReady(west.op, "west", p)
 	}
 	has := func(target string) bool { return east.op.PeerStore().Get(target) != nil }
 	put("first")
@@ -185,6 +185,25 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	}
 }
 
+// fanoutSite is a site of 16 providers, its signals handler, and the TLS
+// state of its own gateway reading it.
+func fanoutSite(b *testing.B) (*Operator, http.Handler, *tls.ConnectionState) {
+	op := newPeeringOperatorOn(b, clock.Real{}, "hub")
+	for i := range 16 {
+		putReady(op, "hub", fmt.Sprintf("pool-%02d", i))
+	}
+	own, err := op.id.GetX509SVID()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return op, op.SignalsHandler(), &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+}
+
+// putReady publishes provider of site as ready in op's site store: a change.
+func putReady(op *Operator, site, provider string) {
+	op.SiteStore().Put(provider, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: provider}, {Name: signals.LabelSite, Value: site}}, Value: 1}}, time.Now())
+}
+
 // BenchmarkLongPollFanout measures what waiting callers cost an operator:
 // N long polls held (its peers, or its gateway replicas), then one change
 // that answers them all. It reports the time and the allocations of one
@@ -193,16 +212,7 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 func BenchmarkLongPollFanout(b *testing.B) {
 	for _, n := range []int{3, 10, 30, 100} {
 		b.Run(fmt.Sprintf("waiting=%d", n), func(b *testing.B) {
-			op := newPeeringOperatorOn(b, clock.Real{}, "hub")
-			for i := range 16 {
-				p := fmt.Sprintf("pool-%02d", i)
-				op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
-			}
-			own, err := op.id.GetX509SVID()
-			if err != nil {
-				b.Fatal(err)
-			}
-			handler := op.SignalsHandler()
+			op, handler, reader := fanoutSite(b)
 			var held float64
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -219,7 +229,7 @@ func BenchmarkLongPollFanout(b *testing.B) {
 						defer wg.Done()
 						r := httptest.NewRequest(http.MethodGet, signals.SignalsPath+"?wait=30s&since="+strconv.FormatUint(v, 10), nil)
 						r.RemoteAddr = fmt.Sprintf("10.0.%d.%d:1", i/250, i%250)
-						r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+						r.TLS = reader
 						handler.ServeHTTP(httptest.NewRecorder(), r)
 					}()
 				}
@@ -235,7 +245,7 @@ func BenchmarkLongPollFanout(b *testing.B) {
 				runtime.ReadMemStats(&ms1)
 				held += float64(ms1.HeapInuse+ms1.StackInuse) - float64(ms0.HeapInuse+ms0.StackInuse)
 				b.StartTimer()
-				op.SiteStore().Put("pool-00", []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: "pool-00"}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
+				putReady(op, "hub", "pool-00")
 				wg.Wait()
 			}
 			b.ReportMetric(held/float64(b.N)/float64(n), "held-B/wait")
@@ -243,16 +253,7 @@ func BenchmarkLongPollFanout(b *testing.B) {
 		// Against plain polling: one round of N callers reading at once,
 		// what the same callers cost every peerPollInterval without waits.
 		b.Run(fmt.Sprintf("plain=%d", n), func(b *testing.B) {
-			op := newPeeringOperatorOn(b, clock.Real{}, "hub")
-			for i := range 16 {
-				p := fmt.Sprintf("pool-%02d", i)
-				op.SiteStore().Put(p, []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: p}, {Name: signals.LabelSite, Value: "hub"}}, Value: 1}}, time.Now())
-			}
-			own, err := op.id.GetX509SVID()
-			if err != nil {
-				b.Fatal(err)
-			}
-			handler := op.SignalsHandler()
+			_, handler, reader := fanoutSite(b)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -264,7 +265,7 @@ func BenchmarkLongPollFanout(b *testing.B) {
 				for i := range n {
 					r := httptest.NewRequest(http.MethodGet, signals.SignalsPath, nil)
 					r.RemoteAddr = fmt.Sprintf("10.0.%d.%d:1", i/250, i%250)
-					r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{own.Certificates[0]}}
+					r.TLS = reader
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
@@ -287,7 +288,7 @@ func BenchmarkLongPollFanout(b *testing.B) {
 // is its own: a change answers both peers' waits.
 func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 	dir := pki(t, "east", "west", "south")
-	hub := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://127.0.0.1:1", "south=https://127.0.0.1:1")
+	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://127.0.0.1:1", "south=https://127.0.0.1:1")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// longPoll opens a connection of its own and waits on it.
@@ -300,7 +301,7 @@ func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 		t.Cleanup(c.CloseIdleConnections)
 		done := make(chan int, 1)
 		go func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+hub.addr+signals.SignalsPath+"?wait=30s&since="+since, nil)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+east.addr+signals.SignalsPath+"?wait=30s&since="+since, nil)
 			resp, err := c.Do(req)
 			if err != nil {
 				done <- 0
@@ -312,7 +313,7 @@ func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 		return done, c
 	}
 	cursorOf := func(from *identity.Source) string {
-		resp, err := client(t, from).Get("https://" + hub.addr + signals.SignalsPath)
+		resp, err := client(t, from).Get("https://" + east.addr + signals.SignalsPath)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,9 +323,9 @@ func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 	west, south := idSource(t, dir, "west"), idSource(t, dir, "south")
 	since := cursorOf(west)
 	waitsHeld := func() int {
-		hub.op.waits.mu.Lock()
-		defer hub.op.waits.mu.Unlock()
-		return len(hub.op.waits.waiting)
+		east.op.waits.mu.Lock()
+		defer east.op.waits.mu.Unlock()
+		return len(east.op.waits.waiting)
 	}
 	// West fills its eight connections: the one that read the cursor, and
 	// seven waits, one after another.
@@ -346,13 +347,13 @@ func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 	if len(answered) != DefaultLimits.PerPeer-2 || slices.ContainsFunc(answered, func(c int) bool { return c != 200 }) {
 		t.Errorf("west's superseded waits: %v, want %d answers of 200", answered, DefaultLimits.PerPeer-2)
 	}
-	// A ninth west connection is shed; south and the hub's gateway are not.
-	if code, err := fetch(client(t, west), hub.addr); err != nil || code != 503 {
+	// A ninth west connection is shed; south and the east's gateway are not.
+	if code, err := fetch(client(t, west), east.addr); err != nil || code != 503 {
 		t.Errorf("west's ninth connection: %d %v, want 503", code, err)
 	}
-	for name, from := range map[string]*identity.Source{"south": south, "hub's gateway": idSource(t, dir, "east")} {
+	for name, from := range map[string]*identity.Source{"south": south, "east's gateway": idSource(t, dir, "east")} {
 		began := time.Now()
-		if code, err := fetch(client(t, from), hub.addr); err != nil || code != 200 {
+		if code, err := fetch(client(t, from), east.addr); err != nil || code != 200 {
 			t.Errorf("%s beside west's waits: %d %v", name, code, err)
 		}
 		if d := time.Since(began); d > 2*time.Second {
@@ -361,7 +362,7 @@ func TestLongPollsCannotStarveAnotherPeer(t *testing.T) {
 	}
 	southWait, _ := longPoll(south, cursorOf(south))
 	waitFor(t, 5*time.Second, "both peers wait", func() bool { return waitsHeld() == 2 })
-	hub.op.SiteStore().Put("pool-a", []signals.Row{{Name: signals.Ready, Labels: []signals.Label{{Name: signals.LabelProvider, Value: "pool-a"}, {Name: signals.LabelSite, Value: "east"}}, Value: 1}}, time.Now())
+	putReady(east.op, "east", "pool-a")
 	for name, c := range map[string]chan int{"west": last, "south": southWait} {
 		select {
 		case code := <-c:
