@@ -41,6 +41,12 @@ type faultGrid struct {
 	// peerLink[a] carries a's operator's polls of the other site's
 	// operator.
 	peerLink map[string]*faultproxy.Proxy
+	timing   faultTiming
+}
+
+// faultTiming is the intervals a fault grid runs at.
+type faultTiming struct {
+	scrape, stale, peerTTL, peerPoll, peerTimeout, peerBudget, gwPoll string
 }
 
 type faultSite struct {
@@ -60,19 +66,20 @@ type faultSite struct {
 	gwMetrics   string // gateway /metrics and /api/snapshot
 }
 
-// Timings of the grid under test: short, so faults show within seconds.
-const (
-	faultScrape   = "200ms"
-	faultStale    = "2s" // a provider's stale window
-	faultPeerTTL  = "4s" // how long a silent peer's rows are kept
-	faultPeerPoll = "1s"
-	faultGwPoll   = "500ms"
-)
+// faultTimings are the fault suite's intervals: short, so faults show within
+// seconds. stale is a provider's stale window, peerTTL how long a silent
+// peer's rows are kept.
+var faultTimings = faultTiming{scrape: "200ms", stale: "2s", peerTTL: "4s", peerPoll: "1s", peerTimeout: "1s", peerBudget: "2s", gwPoll: "500ms"}
 
-func startFaultGrid(t *testing.T) *faultGrid {
+// defaultTimings are the configuration's defaults (docs/configuration.md).
+var defaultTimings = faultTiming{scrape: "1s", stale: "15s", peerTTL: "120s", peerPoll: "5s", peerTimeout: "2s", peerBudget: "10s", gwPoll: "1s"}
+
+func startFaultGrid(t *testing.T) *faultGrid { return startFaultGridAt(t, faultTimings) }
+
+func startFaultGridAt(t *testing.T, timing faultTiming) *faultGrid {
 	t.Helper()
 	dir := t.TempDir()
-	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}}
+	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}, timing: timing}
 	for _, args := range [][]string{
 		{"certs", "init", "--dir", g.certs},
 		{"certs", "issue", "--dir", g.certs, "--site", "east"},
@@ -130,13 +137,13 @@ metrics: {listen: %[4]q}
 stateDir: %[5]s
 scrapeInterval: %[6]s
 peerPollInterval: %[7]s
-peerPoll: {ttl: %[8]s, timeout: 1s, budget: 2s}
+peerPoll: {ttl: %[8]s, timeout: %[15]s, budget: %[16]s}
 peers:
   - {site: %[9]s, signals: "https://%[10]s", gateway: "https://%[11]s"}
 providers:
   - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: epp, upstream: "http://%[12]s", metrics: {endpoint: "http://%[13]s", staleAfter: %[14]s}}
-`, s.name, tlsBlock, s.signals, s.opMetrics, filepath.Join(g.dir, "state-"+s.name), faultScrape, faultPeerPoll, faultPeerTTL,
-		s.peer, g.peerLink[s.name].Addr(), g.sites[s.peer].hop, s.simAddr, s.metricsLink.Addr(), faultStale)
+`, s.name, tlsBlock, s.signals, s.opMetrics, filepath.Join(g.dir, "state-"+s.name), g.timing.scrape, g.timing.peerPoll, g.timing.peerTTL,
+		s.peer, g.peerLink[s.name].Addr(), g.sites[s.peer].hop, s.simAddr, s.metricsLink.Addr(), g.timing.stale, g.timing.peerTimeout, g.timing.peerBudget)
 	s.opConfig = filepath.Join(g.dir, s.name+"-operator.yaml")
 	os.WriteFile(s.opConfig, []byte(op), 0o600)
 	gw := fmt.Sprintf(`site: %[1]s
@@ -147,7 +154,7 @@ metrics: {listen: %[5]q}
 operator: {signals: "https://%[6]s"}
 pollInterval: %[7]s
 limits: {bodyBytes: 8388608}
-`, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, faultGwPoll)
+`, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, g.timing.gwPoll)
 	s.gwConfig = filepath.Join(g.dir, s.name+"-gateway.yaml")
 	os.WriteFile(s.gwConfig, []byte(gw), 0o600)
 }
@@ -1321,4 +1328,43 @@ func bodyBudgetAttack(t *testing.T, g *faultGrid) reliabilityRow {
 	return reliabilityRow{fault: "60 anonymous connections each declare a 10 MiB body, send 1 MiB and stall (limits.bodyBytes 8 MiB)",
 		expected: "memory bounded by the budget; the rest refused with 503 body_budget; other clients served",
 		observed: fmt.Sprintf("Go heap in use %.0f → %.0f MiB; %.0f refused; other client: %s", heapBefore/(1<<20), heapPeak/(1<<20), refused, summary(served))}
+}
+
+// TestPropagationAtDefaults: on real processes at the configuration's
+// default intervals (scrape 1 s, peerPollInterval 5 s, gateway pollInterval
+// 1 s) and with no traffic, west's backend reporting no ready endpoint
+// leaves east's gateway snapshot about when it leaves west's own, and comes
+// back with it, because every link long-polls (docs/reliability.md).
+func TestPropagationAtDefaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end, at the default intervals")
+	}
+	g := startFaultGridAt(t, defaultTimings)
+	// transition reports when west's gateway and east's first see west's
+	// readiness as want.
+	transition := func(what string, want bool) (local, remote time.Duration) {
+		start := time.Now()
+		eventually(t, what, 20*time.Second, func() bool {
+			if local == 0 && g.ready("west", "west") == want {
+				local = time.Since(start)
+			}
+			if remote == 0 && g.ready("east", "west") == want {
+				remote = time.Since(start)
+			}
+			return local != 0 && remote != 0
+		})
+		return local, remote
+	}
+	g.control("west", `{"readyEndpoints": 0}`)
+	localOut, out := transition("west out of both gateways' snapshots", false)
+	g.control("west", `{"readyEndpoints": null}`)
+	localBack, back := transition("west back in both gateways' snapshots", true)
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }
+	t.Logf("west's backend unready: out of west's gateway in %v, of east's in %v; back in %v and %v", r(localOut), r(out), r(localBack), r(back))
+	if out > 3500*time.Millisecond || back > 3500*time.Millisecond {
+		t.Errorf("east's gateway: out in %v, back in %v; want both within 3.5 s", out, back)
+	}
+	if out-localOut > 1500*time.Millisecond || back-localBack > 1500*time.Millisecond {
+		t.Errorf("east's gateway trails west's by %v out and %v back; want within 1.5 s", out-localOut, back-localBack)
+	}
 }
