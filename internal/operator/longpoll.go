@@ -83,18 +83,9 @@ func (w *waits) wakeAll() { w.site.bump(); w.relay.bump() }
 // stop ends every wait, now and to come.
 func (w *waits) stop() { w.stopOnce.Do(func() { close(w.stopping) }) }
 
-// ring runs the bell until ctx ends.
+// ring runs the bell every second until ctx ends.
 func (w *waits) ring(ctx context.Context, clk clock.Clock) {
-	t := clk.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-			w.bell.bump()
-		}
-	}
+	every(ctx, clk, func() time.Duration { return time.Second }, w.bell.bump)
 }
 
 // wait blocks until n moves past since, the deadline passes on clk, the
