@@ -171,8 +171,7 @@ func (g *Gateway) handler(hop bool) http.Handler {
 	// Anything else under /v1/ gets an OpenAI error, as the SDKs expect: a
 	// known path with another method 405 (with Allow), an unknown one 404.
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		allow := map[string]string{"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET"}
-		if m, ok := allow[r.URL.Path]; ok || strings.HasPrefix(r.URL.Path, "/v1/models/") {
+		if m, ok := apiMethods[r.URL.Path]; ok || strings.HasPrefix(r.URL.Path, "/v1/models/") {
 			if !ok {
 				m = "GET"
 			}
@@ -199,6 +198,9 @@ func (g *Gateway) handler(hop bool) http.Handler {
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, peer)))
 	})
 }
+
+// apiMethods is the method each OpenAI path the gateway serves answers.
+var apiMethods = map[string]string{"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET"}
 
 // Reasons of grid_gateway_hop_refused_total.
 const (
