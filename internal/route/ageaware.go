@@ -1,61 +1,92 @@
 package route
 
-import (
-	"math"
-	"sort"
-)
+import "math"
 
-// interpret reads every candidate's load through its age (docs/routing.md,
-// after Dahlin, "Interpreting stale load information", 2000): a reading of
-// age a is not the present. Each site drains from its reading as its busy
-// slots complete, while the grid's arrivals flow to the least-loaded sites
-// in proportion to their capacity, raising them together. The sites whose
-// predicted load has reached the common level form the active set; a
-// request draws among them. A fresh board makes this join-the-shortest-
-// queue; an old one makes it weighted random by capacity, which is right
-// when the board says nothing any more. Randomising inside the active set is
-// what keeps gateways from herding.
+// interpret marks the candidates the age-aware policy reads (docs/routing.md,
+// after Dahlin, "Interpreting stale load information", 2000): each
+// candidate's load at its reading (in-flight over its ceiling) and the
+// reading's instant. The pick reads them through their age at its own
+// instant (predict), not at the build's: a snapshot lives a poll interval,
+// which for short requests (embeddings) is many request durations, and a
+// load read once at build time would stand all that while. Predicted, Active
+// and the level are kept as of the build for the view and the metrics.
 func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 	d := set.MeanDurationMs
 	if d <= 0 {
 		d = 10_000
 	}
+	snap.meanMs = d
 	for _, idx := range snap.byModel {
-		var group []*Candidate
+		group := make([]int32, 0, len(idx))
 		for _, i := range idx {
 			c := &snap.Candidates[i]
 			if c.Admission != NewAndExisting || math.IsNaN(c.Score) || !c.Measured || c.latestAt == 0 {
 				continue
 			}
-			group = append(group, c)
+			c.readLoad = c.Predicted / c.Ceiling
+			c.interpreted = true
+			group = append(group, i)
 		}
 		if len(group) == 0 {
 			continue
 		}
-		// The grid's arrival rate, in requests per mean duration, is what its
-		// busy slots complete in steady state.
-		// Capacity here is the learned ceiling itself: the explore floor
-		// that lifts small sites' weights in the reference draws would
-		// overfill them here (measured in internal/routesim).
-		var busy, meanAge, capSum float64
-		for _, c := range group {
-			busy += math.Min(c.Predicted, c.Ceiling)
-			meanAge += float64(max(now-c.latestAt, 0)) / d * c.Ceiling
-			capSum += c.Ceiling
-		}
-		meanAge /= capSum
-		arrivals := busy * meanAge
-		for _, c := range group {
-			c.Predicted = drain(c.Predicted/c.Ceiling, float64(max(now-c.latestAt, 0))/d)
-		}
-		level := waterLevel(group, arrivals)
-		for _, c := range group {
-			c.Active = c.Predicted <= level+1e-9
-			c.interpreted = true
-			c.level = level
+		loads := make([]float64, len(group))
+		level := snap.predict(group, now, loads, make([]int32, len(group)))
+		for k, i := range group {
+			c := &snap.Candidates[i]
+			c.Predicted = loads[k]
+			c.Active = loads[k] <= level+1e-9
 		}
 	}
-	snap.meanMs = d
+}
+
+// predict reads each candidate of group (interpreted, one model's) through
+// its age at nowMs, writing its predicted load into loads (aligned with
+// group), and returns the common level: each site drains from its reading
+// as its busy slots complete, while the grid's arrivals since the readings
+// flow to the least-loaded sites in proportion to their capacity, raising
+// them together. The sites whose predicted load has reached the level form
+// the active set. A fresh board makes this join-the-shortest-queue; an old
+// one makes it weighted random by capacity, which is right when the board
+// says nothing any more. order is scratch of group's length. It allocates
+// nothing, so the request path can call it.
+func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []int32) float64 {
+	// The grid's arrival rate, in requests per mean duration, is what its
+	// busy slots complete in steady state. Capacity here is the learned
+	// ceiling itself: the explore floor that lifts small sites' weights in
+	// the reference draws would overfill them here (measured in
+	// internal/routesim).
+	var busy, meanAge, capSum float64
+	for k, i := range group {
+		c := &s.Candidates[i]
+		age := float64(max(nowMs-c.latestAt, 0)) / s.meanMs
+		busy += math.Min(c.readLoad, 1) * c.Ceiling
+		meanAge += age * c.Ceiling
+		capSum += c.Ceiling
+		loads[k] = drain(c.readLoad, age)
+		order[k] = int32(k)
+	}
+	arrivals := busy * meanAge / capSum
+	// Pour the arrivals into the sites from the least loaded up, each
+	// absorbing its capacity per unit of level. Groups are small: an
+	// insertion sort allocates nothing.
+	for j := 1; j < len(order); j++ {
+		for m := j; m > 0 && loads[order[m]] < loads[order[m-1]]; m-- {
+			order[m], order[m-1] = order[m-1], order[m]
+		}
+	}
+	var filled, weighted float64
+	level := loads[order[0]]
+	for j, k := range order {
+		c := &s.Candidates[group[k]]
+		filled += c.Ceiling
+		weighted += c.Ceiling * loads[k]
+		level = (arrivals + weighted) / filled
+		if j+1 == len(order) || level <= loads[order[j+1]] {
+			break
+		}
+	}
+	return level
 }
 
 // drain predicts a load (in-flight over capacity) age mean durations later
@@ -72,76 +103,56 @@ func drain(load, age float64) float64 {
 	return load * math.Exp(-age)
 }
 
-// waterLevel pours arrivals into the sites from the least loaded up, each
-// absorbing its capacity per unit of level, and returns the level reached.
-func waterLevel(group []*Candidate, arrivals float64) float64 {
-	sorted := append([]*Candidate(nil), group...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Predicted < sorted[j].Predicted })
-	var capSum, weighted float64
-	level := sorted[0].Predicted
-	for k, c := range sorted {
-		capSum += c.Ceiling
-		weighted += c.Ceiling * c.Predicted
-		level = (arrivals + weighted) / capSum
-		if k+1 == len(sorted) || level <= sorted[k+1].Predicted {
-			break
-		}
-	}
-	return level
-}
-
-// pickAgeAware draws two active candidates by capacity and takes the one
-// with the lower predicted load after this gateway's own sends still in
-// flight (counters, aligned with s.Candidates; nil reads the board alone).
-// Own sends also move the active set between snapshots: once they lift the
-// active sites past the next one, it joins, so a burst between two polls
-// spreads as the water would. The pick is counted in its counter, the one
-// write of the request path. It returns -1 when no healthy candidate was
-// interpreted.
+// pickAgeAware predicts the healthy candidates' loads at nowMs (predict),
+// draws two active candidates by capacity and takes the one with the lower
+// predicted load after this gateway's own sends still in flight (counters,
+// aligned with s.Candidates; nil reads the board alone). Own sends also
+// move the active set: once they lift the active sites past the next one,
+// it joins, so a burst between two polls spreads as the water would. The
+// pick is counted in its counter, the one write of the request path. It
+// returns -1 when no healthy candidate was interpreted.
 func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64, counters []*sendCounter) int32 {
-	// Each healthy candidate's load, read once: decaying own sends costs an
-	// exponential.
-	var loads [MaxSites]float64
-	level, minLoad := math.Inf(-1), math.Inf(1)
-	for k, i := range healthy {
-		if c := &s.Candidates[i]; c.interpreted {
-			loads[k] = s.load(i, nowMs, counters)
-			level = c.level
-			minLoad = math.Min(minLoad, loads[k])
-		}
-	}
-	if math.IsInf(minLoad, 1) {
-		return -1
-	}
-	level = math.Max(level, minLoad) + 1e-9
-	var active [MaxSites]int32
+	var group, order, active [MaxSites]int32
 	n := 0
-	for k, i := range healthy {
-		if s.Candidates[i].interpreted && loads[k] <= level {
-			active[n] = i
+	for _, i := range healthy {
+		if s.Candidates[i].interpreted {
+			group[n] = i
 			n++
 		}
 	}
-	first := s.weighted(active[:n], -1, u0, ceiling)
-	second := s.weighted(active[:n], first, u1, ceiling)
-	pick := first
-	if second >= 0 && s.load(second, nowMs, counters) < s.load(first, nowMs, counters) {
+	if n == 0 {
+		return -1
+	}
+	var board, loads [MaxSites]float64
+	level := s.predict(group[:n], nowMs, board[:n], order[:n])
+	minLoad := math.Inf(1)
+	for k, i := range group[:n] {
+		loads[k] = board[k]
+		if counters != nil {
+			c := &s.Candidates[i]
+			loads[k] += counters[i].inFlight(nowMs, s.meanMs, board[k], c.Ceiling) / c.Ceiling
+		}
+		minLoad = math.Min(minLoad, loads[k])
+	}
+	level = math.Max(level, minLoad) + 1e-9
+	// active holds the candidates drawn from; at, their positions in group.
+	var at [MaxSites]int
+	na := 0
+	for k, i := range group[:n] {
+		if loads[k] <= level {
+			active[na], at[na] = i, k
+			na++
+		}
+	}
+	pick := s.weighted(active[:na], -1, u0, ceiling)
+	if second := s.weighted(active[:na], pick, u1, ceiling); second >= 0 && loads[at[second]] < loads[at[pick]] {
 		pick = second
 	}
+	i := active[pick]
 	if counters != nil {
-		c := &s.Candidates[pick]
-		counters[pick].add(nowMs, s.meanMs, c.Predicted, c.Ceiling)
+		counters[i].add(nowMs, s.meanMs, board[at[pick]], s.Candidates[i].Ceiling)
 	}
-	return pick
-}
-
-// load is candidate i's predicted load with this gateway's own sends.
-func (s *Snapshot) load(i int32, nowMs int64, counters []*sendCounter) float64 {
-	c := &s.Candidates[i]
-	if counters == nil {
-		return c.Predicted
-	}
-	return c.Predicted + counters[i].inFlight(nowMs, s.meanMs, c.Predicted, c.Ceiling)/c.Ceiling
+	return i
 }
 
 // ceiling weighs an active candidate by its learned ceiling.

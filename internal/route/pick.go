@@ -135,9 +135,9 @@ func (s *Snapshot) Pick(model string, turn uint64, nowMs int64, own *OwnSends) P
 		if second < 0 {
 			second = first
 		}
-		pick := first
-		if s.Candidates[second].Rho < s.Candidates[first].Rho {
-			pick = second
+		pick := room[first]
+		if s.Candidates[room[second]].Rho < s.Candidates[pick].Rho {
+			pick = room[second]
 		}
 		return Pick{Outcome: Routed, Path: PathTwoChoices, Candidate: &s.Candidates[pick]}
 	case nr == 2:
@@ -169,24 +169,25 @@ func rate(c *Candidate) float64 {
 	return capacityOr1(c) / (1 + rho)
 }
 
-// weighted draws from list by weight, skipping index skip: walk the list
-// subtracting weights from u × total until it goes negative.
-func (s *Snapshot) weighted(list []int32, skip int32, u float64, w func(*Candidate) float64) int32 {
+// weighted draws a position of list by weight, skipping position skip (-1:
+// none): walk the list subtracting weights from u × total until it goes
+// negative. It returns -1 when nothing is left to draw.
+func (s *Snapshot) weighted(list []int32, skip int, u float64, w func(*Candidate) float64) int {
 	total := 0.0
-	for _, i := range list {
-		if i != skip {
+	for k, i := range list {
+		if k != skip {
 			total += w(&s.Candidates[i])
 		}
 	}
 	target := u * total
-	last := int32(-1)
-	for _, i := range list {
-		if i == skip {
+	last := -1
+	for k, i := range list {
+		if k == skip {
 			continue
 		}
-		last = i
+		last = k
 		if target -= w(&s.Candidates[i]); target < 0 {
-			return i
+			return k
 		}
 	}
 	return last
@@ -230,10 +231,10 @@ func (s *Snapshot) byCapacity(healthy []int32, u float64) int32 {
 	if measured > 0 {
 		fill = sum / float64(measured)
 	}
-	return s.weighted(band[:nb], -1, u, func(c *Candidate) float64 {
+	return band[s.weighted(band[:nb], -1, u, func(c *Candidate) float64 {
 		if c.Measured {
 			return c.Capacity
 		}
 		return fill
-	})
+	})]
 }

@@ -580,6 +580,38 @@ func TestAgeAwareReadsAge(t *testing.T) {
 	}
 }
 
+// TestAgeAwareReadsAgeAtThePick: a snapshot lives a poll interval, which
+// for short requests is many request durations; its picks read each
+// reading's age at their own instant. Right after the build only the idle
+// site is drawn; twenty mean durations later, from the same snapshot, both
+// are, by capacity.
+func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
+	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
+	w.publish("b", 1000, obs{running: 40, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 36, queue: f(0)})
+	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	snap := w.build(2000)
+	// Twenty picks at one instant, own sends counted as on the request path.
+	share := func(at int64) float64 {
+		n := 0
+		for turn := range uint64(20) {
+			if snap.Pick("m", uint64(at)+turn, at, w.own).Candidate.Site == "a" {
+				n++
+			}
+		}
+		return float64(n) / 20
+	}
+	if got := share(2000); got != 0 {
+		t.Errorf("at the build: a drawn %.2f of picks, want none (b is idle)", got)
+	}
+	if got := share(2000 + 20*100); got < 0.25 || got > 0.75 {
+		t.Errorf("twenty mean durations on: a drawn %.2f of picks, want about half (the board says nothing any more)", got)
+	}
+}
+
 func BenchmarkPick(b *testing.B) {
 	for _, ageAware := range []bool{false, true} {
 		for _, n := range []int{8, 64} {

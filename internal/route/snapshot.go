@@ -69,13 +69,13 @@ type Candidate struct {
 	Active bool
 	// Predicted is the predicted present load over capacity.
 	Predicted float64
-	// interpreted marks a candidate the age-aware policy read (its
-	// Predicted and level are set).
+	// interpreted marks a candidate the age-aware policy reads: its
+	// readLoad and latestAt are set.
 	interpreted bool
+	// readLoad is the load (in-flight over ceiling) at the latest reading.
+	readLoad float64
 	// latestAt is the timeline instant of the candidate's latest reading.
 	latestAt int64
-	// level is the common level of the candidate's model group.
-	level    float64
 	Full     Tri
 	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
