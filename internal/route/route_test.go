@@ -559,17 +559,25 @@ func TestRestrictKeepsThePolicy(t *testing.T) {
 	}
 }
 
-// TestAgeAwareReadsAge: a fresh reading is taken at its word (the least
-// loaded site is the only active one); an old one says little, so every site
-// becomes active and draws follow capacity.
-func TestAgeAwareReadsAge(t *testing.T) {
+// busyAndIdle is an age-aware world of two sites that learned a capacity of
+// 40 at 1000 ms and read, at 2000 ms, a at 36 in flight and b at 4; meanMs
+// is the mean request duration.
+func busyAndIdle(t *testing.T, meanMs float64) *world {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 1000, 60_000
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, meanMs, 60_000
 	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
 	w.publish("b", 1000, obs{running: 40, queue: f(0)})
 	w.build(1000)
 	w.publish("a", 2000, obs{running: 36, queue: f(0)})
 	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	return w
+}
+
+// TestAgeAwareReadsAge: a fresh reading is taken at its word (the least
+// loaded site is the only active one); an old one says little, so every site
+// becomes active and draws follow capacity.
+func TestAgeAwareReadsAge(t *testing.T) {
+	w := busyAndIdle(t, 1000)
 	fresh := w.build(2000)
 	if a, b := find(fresh, "a"), find(fresh, "b"); a.Active || !b.Active {
 		t.Errorf("fresh: a active %v, b active %v; want only b", a.Active, b.Active)
@@ -586,13 +594,7 @@ func TestAgeAwareReadsAge(t *testing.T) {
 // site is drawn; twenty mean durations later, from the same snapshot, both
 // are, by capacity.
 func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
-	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
-	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
-	w.publish("b", 1000, obs{running: 40, queue: f(0)})
-	w.build(1000)
-	w.publish("a", 2000, obs{running: 36, queue: f(0)})
-	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	w := busyAndIdle(t, 100)
 	snap := w.build(2000)
 	// Twenty picks at one instant, own sends counted as on the request path.
 	share := func(at int64) float64 {
