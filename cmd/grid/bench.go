@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/grid-inference/grid/internal/routeplot"
 	"github.com/grid-inference/grid/internal/routesim"
@@ -21,27 +25,42 @@ func runBench(_ context.Context, args []string, e *env) error {
 		return fmt.Errorf("%w: want `grid bench routing`", errUsage)
 	}
 	fs := newFlagSet("bench routing", e)
-	quick := fs.Bool("quick", false, "a subset that runs in under a minute")
-	requests := fs.Int("requests", 100_000, "requests per cell")
-	seed := fs.Uint64("seed", 7, "simulation seed")
-	sweep := fs.Bool("sweep", false, "also the robustness sweep: loads 0.7/0.9/0.95 and K = 1/4/16 against weighted round robin")
-	plotPath := fs.String("plot", "", "also write a PNG of mean and p99 against staleness per policy to this file")
+	sites := fs.String("sites", "8,16,32", "the sites' slots, comma-separated")
+	loads := fs.String("load", "0.9", "offered loads (arrival rate over service capacity), comma-separated")
+	gateways := fs.String("gateways", "4", "gateway counts K, comma-separated")
+	phases := fs.String("phases", "random,sync,per-site", "phase modes, comma-separated: random (each gateway refreshes at its own phase), sync (all at once), per-site (each site's reading at its own phase, seen by every gateway)")
+	ages := fs.String("ages", "0.1,0.5,1,2,5,10", "board ages T in mean request durations, comma-separated")
+	service := fs.String("service", "exp", "service times: exp, or lognormal[:SIGMA] (σ 1 by default)")
+	scenario := fs.String("scenario", "none", "none, capacity-swap (slots reverse halfway; measured from 100 mean durations later), slow-site (the first site's requests take 4× longer) or small-sites (slots divided by 4)")
+	policies := fs.String("policies", strings.Join(routesim.Policies, ","), "policies, comma-separated")
+	seeds := fs.Int("seeds", 1, "seeds per cell; above one, the mean carries its 95% interval")
+	seed := fs.Uint64("seed", 7, "the first seed")
+	requests := fs.Int("requests", 100_000, "requests per run")
+	format := fs.String("format", "text", "text (a table per phase mode, K and load) or tsv (a line per cell)")
+	quick := fs.Bool("quick", false, "a subset that runs in seconds: random phases, ages 0.5,2,10, 20000 requests")
+	plotPath := fs.String("plot", "", "also write a PNG of mean and p99 against staleness per policy (the first phase mode, K and load) to this file")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	scenarios, ages := routesim.Scenarios, routesim.Ages
-	if *quick {
-		scenarios, ages, *requests = scenarios[:1], []float64{0.5, 2, 10}, 20_000
+	g, err := benchGrid(*sites, *loads, *gateways, *phases, *ages, *service, *scenario, *policies, *seeds, *seed, *requests)
+	if err != nil {
+		return fmt.Errorf("%w: bench routing: %v", errUsage, err)
 	}
-	var tables []routesim.Table
-	for _, sc := range scenarios {
-		t := routesim.RunTable(sc, ages, *requests, *seed)
-		t.Write(e.stdout)
-		tables = append(tables, t)
+	if *quick {
+		g.Phases, g.Ages, g.Requests = []routesim.Phases{routesim.PhasesRandom}, []float64{0.5, 2, 10}, 20_000
+	}
+	cells := g.Run()
+	switch *format {
+	case "text":
+		g.WriteText(e.stdout, cells)
+	case "tsv":
+		routesim.WriteTSV(e.stdout, cells)
+	default:
+		return fmt.Errorf("%w: bench routing: --format %q: want text or tsv", errUsage, *format)
 	}
 	if *plotPath != "" {
 		var png bytes.Buffer
-		if err := routeplot.WritePNG(&png, tables); err != nil {
+		if err := routeplot.WritePNG(&png, []routesim.Table{g.Table(cells)}); err != nil {
 			return err
 		}
 		if err := os.WriteFile(*plotPath, png.Bytes(), 0o644); err != nil {
@@ -49,10 +68,96 @@ func runBench(_ context.Context, args []string, e *env) error {
 		}
 		fmt.Fprintf(e.stdout, "wrote %s\n", *plotPath)
 	}
-	if *sweep {
-		for _, sc := range []routesim.Scenario{routesim.Scenarios[0], routesim.Scenarios[3]} {
-			routesim.WriteSweep(e.stdout, sc.Slots, sc.Lognormal, routesim.SweepLoads, routesim.SweepGateways, ages, *requests, *seed)
-		}
-	}
 	return nil
+}
+
+// benchGrid reads the routing benchmark's flags into a grid, naming the
+// flag of any value it cannot use.
+func benchGrid(sites, loads, gateways, phases, ages, service, scenario, policies string, seeds int, seed uint64, requests int) (routesim.Grid, error) {
+	g := routesim.Grid{Seeds: seeds, Seed: seed, Requests: requests, Scenario: routesim.Change(scenario)}
+	var err error
+	if g.Slots, err = list(sites, "--sites", func(s string) (int, error) {
+		n, err := strconv.Atoi(s)
+		if err == nil && n < 1 {
+			err = errors.New("below 1")
+		}
+		return n, err
+	}); err != nil {
+		return g, err
+	}
+	if g.Loads, err = list(loads, "--load", func(s string) (float64, error) {
+		x, err := strconv.ParseFloat(s, 64)
+		if err == nil && (x <= 0 || x >= 1) {
+			err = errors.New("want a load in (0, 1)")
+		}
+		return x, err
+	}); err != nil {
+		return g, err
+	}
+	if g.Gateways, err = list(gateways, "--gateways", func(s string) (int, error) {
+		n, err := strconv.Atoi(s)
+		if err == nil && n < 1 {
+			err = errors.New("below 1")
+		}
+		return n, err
+	}); err != nil {
+		return g, err
+	}
+	if g.Phases, err = list(phases, "--phases", func(s string) (routesim.Phases, error) {
+		if !slices.Contains(routesim.AllPhases, routesim.Phases(s)) {
+			return "", fmt.Errorf("want one of %v", routesim.AllPhases)
+		}
+		return routesim.Phases(s), nil
+	}); err != nil {
+		return g, err
+	}
+	if g.Ages, err = list(ages, "--ages", func(s string) (float64, error) {
+		x, err := strconv.ParseFloat(s, 64)
+		if err == nil && x <= 0 {
+			err = errors.New("want an age above 0")
+		}
+		return x, err
+	}); err != nil {
+		return g, err
+	}
+	if g.Policies, err = list(policies, "--policies", func(s string) (string, error) {
+		if !slices.Contains(routesim.Policies, s) {
+			return "", fmt.Errorf("want one of %s", strings.Join(routesim.Policies, ", "))
+		}
+		return s, nil
+	}); err != nil {
+		return g, err
+	}
+	switch kind, sigma, hasSigma := strings.Cut(service, ":"); {
+	case kind == "exp" && !hasSigma:
+	case kind == "lognormal" && !hasSigma:
+		g.Sigma = 1
+	case kind == "lognormal":
+		if g.Sigma, err = strconv.ParseFloat(sigma, 64); err != nil || g.Sigma <= 0 {
+			return g, fmt.Errorf("--service %q: want a σ above 0", service)
+		}
+	default:
+		return g, fmt.Errorf("--service %q: want exp or lognormal[:SIGMA]", service)
+	}
+	if !slices.Contains(routesim.Changes, g.Scenario) {
+		return g, fmt.Errorf("--scenario %q: want one of %v", scenario, routesim.Changes)
+	}
+	if seeds < 1 || requests < 100 {
+		return g, fmt.Errorf("--seeds %d, --requests %d: want at least 1 seed and 100 requests", seeds, requests)
+	}
+	return g, nil
+}
+
+// list parses a comma-separated flag value with parse, naming the flag and
+// the item it refuses.
+func list[T any](v, flag string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, item := range strings.Split(v, ",") {
+		x, err := parse(strings.TrimSpace(item))
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %v", flag, item, err)
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }

@@ -113,34 +113,7 @@ type Gateway struct {
 	upstreams *upstreams
 	rep       *reporter
 	picks     picks
-	durations durationEstimate
-}
-
-// durationEstimate is the mean duration of the requests this gateway
-// proxied, the unit in which the age-aware policy reads a reading's age. It
-// starts at 10 s, a typical LLM request, until requests are observed.
-type durationEstimate struct {
-	mu   sync.Mutex
-	mean float64 // ms; 0 until the first observation
-}
-
-func (d *durationEstimate) observe(ms float64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mean == 0 {
-		d.mean = ms
-		return
-	}
-	d.mean += 0.02 * (ms - d.mean)
-}
-
-func (d *durationEstimate) meanMs() float64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mean == 0 {
-		return 10_000
-	}
-	return d.mean
+	durations route.ServiceTime // the age unit (docs/routing.md)
 }
 
 // New builds a gateway from a validated configuration.
@@ -620,7 +593,7 @@ func (g *Gateway) refresh() {
 	defer g.refreshMu.Unlock()
 	cfg := g.cfg.Load()
 	set := settings(cfg, g.serving.Load())
-	set.MeanDurationMs = g.durations.meanMs()
+	set.MeanDurationMs = g.durations.MeanMs()
 	now := g.timeline.NowMs()
 	snap := g.builder.Build(g.store, g.topology(), now, g.health.isDown, set)
 	observed := map[string]bool{}

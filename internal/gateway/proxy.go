@@ -437,7 +437,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		began := g.clk.Now()
 		switch g.forward(w, r, body, c, began) {
 		case delivered:
-			g.durations.observe(float64(g.clk.Now().Sub(began).Milliseconds()))
+			g.durations.Observe(float64(g.clk.Now().Sub(began).Milliseconds()), pick.Room)
 			return "routed"
 		case failed:
 			return "upstream_error"

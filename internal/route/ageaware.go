@@ -104,14 +104,21 @@ func drain(load, age float64) float64 {
 }
 
 // pickAgeAware predicts the healthy candidates' loads at nowMs (predict),
-// draws two active candidates by capacity and takes the one with the lower
-// predicted load after this gateway's own sends still in flight (counters,
-// aligned with s.Candidates; nil reads the board alone). Own sends also
-// move the active set: once they lift the active sites past the next one,
-// it joins, so a burst between two polls spreads as the water would. The
-// pick is counted in its counter, the one write of the request path. It
-// returns -1 when no healthy candidate was interpreted.
-func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64, counters []*sendCounter) int32 {
+// adds this gateway's own sends still in flight (counters, aligned with
+// s.Candidates; nil reads the board alone), and draws among the candidates
+// below the common level in proportion to the water each would take to
+// reach it: its ceiling times its distance below the level. u is the draw.
+//
+// The draw is by share, not "the least loaded of two": gateway replicas
+// that read one board make one prediction, and a rule that sends each
+// request to the least loaded sends every replica's requests to the same
+// site, while each sees only its own sends (measured in internal/routesim,
+// phases sync). Drawn by share, K replicas together pour the flow as the
+// water model says. When no candidate is below the level (all at it), the
+// draw is by ceiling. The pick is counted in its counter, the one write of
+// the request path. It returns -1 when no healthy candidate was
+// interpreted, and whether the pick saw a free slot.
+func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counters []*sendCounter) (int32, bool) {
 	var group, order, active [MaxSites]int32
 	n := 0
 	for _, i := range healthy {
@@ -121,7 +128,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64, co
 		}
 	}
 	if n == 0 {
-		return -1
+		return -1, false
 	}
 	var board, loads [MaxSites]float64
 	level := s.predict(group[:n], nowMs, board[:n], order[:n])
@@ -134,25 +141,38 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u0, u1 float64, nowMs int64, co
 		}
 		minLoad = math.Min(minLoad, loads[k])
 	}
-	level = math.Max(level, minLoad) + 1e-9
-	// active holds the candidates drawn from; at, their positions in group.
+	level = math.Max(level, minLoad)
+	// active holds the candidates drawn from; at, their positions in
+	// group; share, the water each takes to reach the level.
 	var at [MaxSites]int
-	na := 0
+	var share [MaxSites]float64
+	na, total := 0, 0.0
 	for k, i := range group[:n] {
-		if loads[k] <= level {
+		if loads[k] <= level+1e-9 {
 			active[na], at[na] = i, k
+			share[na] = s.Candidates[i].Ceiling * (level - loads[k])
+			total += share[na]
 			na++
 		}
 	}
-	pick := s.weighted(active[:na], -1, u0, ceiling)
-	if second := s.weighted(active[:na], pick, u1, ceiling); second >= 0 && loads[at[second]] < loads[at[pick]] {
-		pick = second
+	pick := 0
+	if total > 1e-9 {
+		target := u * total
+		for pick < na-1 {
+			if target -= share[pick]; target < 0 {
+				break
+			}
+			pick++
+		}
+	} else {
+		pick = s.weighted(active[:na], -1, u, ceiling)
 	}
 	i := active[pick]
+	c := &s.Candidates[i]
 	if counters != nil {
-		counters[i].add(nowMs, s.meanMs, board[at[pick]], s.Candidates[i].Ceiling)
+		counters[i].add(nowMs, s.meanMs, board[at[pick]], c.Ceiling)
 	}
-	return i
+	return i, (loads[at[pick]]*c.Ceiling)+1 <= c.Ceiling+1e-9
 }
 
 // ceiling weighs an active candidate by its learned ceiling.

@@ -48,6 +48,11 @@ type Pick struct {
 	Outcome   Outcome
 	Path      Path
 	Candidate *Candidate
+	// Room: the pick saw a free slot for this request at the candidate
+	// (under the age-aware policy, its predicted in-flight with this
+	// gateway's own sends below its ceiling; under the reference, a site
+	// with room). Only such requests teach ServiceTime.
+	Room bool
 }
 
 // Salts of the two independent draws.
@@ -124,8 +129,8 @@ func (s *Snapshot) Pick(model string, turn uint64, nowMs int64, own *OwnSends) P
 		// drawn while one below it exists. A "full" flag is not consulted:
 		// it latches over the settling window, and excluding on it herds
 		// (measured in internal/routesim).
-		if i := s.pickAgeAware(healthy[:nh], u0, u1, nowMs, own.countersFor(s)); i >= 0 {
-			return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: &s.Candidates[i]}
+		if i, room := s.pickAgeAware(healthy[:nh], weyl(turn), nowMs, own.countersFor(s)); i >= 0 {
+			return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: &s.Candidates[i], Room: room}
 		}
 	}
 	switch {
@@ -139,17 +144,17 @@ func (s *Snapshot) Pick(model string, turn uint64, nowMs int64, own *OwnSends) P
 		if s.Candidates[room[second]].Rho < s.Candidates[pick].Rho {
 			pick = room[second]
 		}
-		return Pick{Outcome: Routed, Path: PathTwoChoices, Candidate: &s.Candidates[pick]}
+		return Pick{Outcome: Routed, Path: PathTwoChoices, Candidate: &s.Candidates[pick], Room: true}
 	case nr == 2:
 		a, b := &s.Candidates[room[0]], &s.Candidates[room[1]]
 		ra, rb := rate(a), rate(b)
 		share := min(0.9, max(0.1, ra/(ra+rb)))
 		if u0 < share {
-			return Pick{Outcome: Routed, Path: PathBetweenTwo, Candidate: a}
+			return Pick{Outcome: Routed, Path: PathBetweenTwo, Candidate: a, Room: true}
 		}
-		return Pick{Outcome: Routed, Path: PathBetweenTwo, Candidate: b}
+		return Pick{Outcome: Routed, Path: PathBetweenTwo, Candidate: b, Room: true}
 	case nr == 1:
-		return Pick{Outcome: Routed, Path: PathLone, Candidate: &s.Candidates[room[0]]}
+		return Pick{Outcome: Routed, Path: PathLone, Candidate: &s.Candidates[room[0]], Room: true}
 	}
 	return Pick{Outcome: Routed, Path: PathByCapacity, Candidate: &s.Candidates[s.byCapacity(healthy[:nh], u0)]}
 }
@@ -237,4 +242,12 @@ func (s *Snapshot) byCapacity(healthy []int32, u float64) int32 {
 		}
 		return fill
 	})]
+}
+
+// weyl maps a request turn to [0, 1) along the golden-ratio sequence:
+// consecutive turns fall evenly apart, so draws by weight over a run of
+// requests follow the weights closely (as a weighted round robin would),
+// and gateways starting at unrelated turns do not move in step.
+func weyl(turn uint64) float64 {
+	return float64(turn*0x9E3779B97F4A7C15>>11) / (1 << 53)
 }

@@ -614,6 +614,39 @@ func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
 	}
 }
 
+// TestReplicasSharingABoardSpread: gateway replicas that read one board make
+// one prediction; each sees only its own sends. One mean duration after the
+// readings (a at 90% of its capacity, b at 10%), the water model gives a
+// about a third of the flow. Eight replicas taking four requests each send a
+// its share; "the least loaded of two" sent every replica's requests to b
+// until each one's own sends alone had filled it.
+func TestReplicasSharingABoardSpread(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 1000, 60_000
+	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
+	w.publish("b", 1000, obs{running: 40, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 36, queue: f(0)})
+	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	snap := w.build(2000)
+	replicas := make([]*OwnSends, 8)
+	for k := range replicas {
+		replicas[k] = NewOwnSends()
+		replicas[k].bind(snap)
+	}
+	toA := 0
+	for turn := range 4 {
+		for k, own := range replicas {
+			if snap.Pick("m", uint64(1000*k+turn), 3000, own).Candidate.Site == "a" {
+				toA++
+			}
+		}
+	}
+	if toA < 6 || toA > 16 {
+		t.Errorf("a took %d of 32 requests, want about a third", toA)
+	}
+}
+
 func BenchmarkPick(b *testing.B) {
 	for _, ageAware := range []bool{false, true} {
 		for _, n := range []int{8, 64} {

@@ -1,9 +1,15 @@
 // Package routesim is a deterministic discrete-event harness that measures
 // routing quality under stale load readings. Sites are multi-slot FIFO
 // servers; K gateways each route their share of the arrivals from what they
-// can see: readings of every site refreshed every T mean request durations,
-// ingested as the rows a real operator relays, through the real load store,
-// snapshot builder and pick. Time is simulated; nothing sleeps.
+// can see: readings of every site refreshed every T mean request durations
+// (at phases the Phases mode sets), ingested as the rows a real operator
+// relays, through the real load store, snapshot builder and pick. Time is
+// simulated; nothing sleeps.
+//
+// Arrivals, their gateways and their service demands come from one random
+// stream, policy draws from another: every policy of a seed sees the same
+// requests (common random numbers), so the difference between two policies
+// is theirs, not the arrivals'.
 package routesim
 
 import (
@@ -41,20 +47,63 @@ const (
 // Policies lists every policy, in table order.
 var Policies = []string{WeightedRR, WeightedRandom, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Oracle}
 
+// Phases is when the readings a gateway sees refresh.
+type Phases string
+
+// Phase modes.
+const (
+	// PhasesRandom: each gateway refreshes every site's reading at once, at
+	// its own random phase (gateways polling unrelated operators).
+	PhasesRandom Phases = "random"
+	// PhasesSync: every gateway refreshes every site at the same instants
+	// (gateway replicas reading one operator's relay).
+	PhasesSync Phases = "sync"
+	// PhasesPerSite: each site's reading refreshes at its own phase, seen
+	// by every gateway at once (a remote site's rows refresh on the
+	// operator's peer poll of it; every gateway of the site long-polls that
+	// operator).
+	PhasesPerSite Phases = "per-site"
+)
+
+// AllPhases lists the phase modes, in table order.
+var AllPhases = []Phases{PhasesRandom, PhasesSync, PhasesPerSite}
+
+// Change is a scenario: what happens to the sites besides the load.
+type Change string
+
+// Scenarios.
+const (
+	ChangeNone Change = "none"
+	// CapacitySwap reverses the sites' slots halfway through the run; the
+	// run measures from 100 mean durations after the swap.
+	CapacitySwap Change = "capacity-swap"
+	// SlowSite: the first site's requests take four times longer.
+	SlowSite Change = "slow-site"
+	// SmallSites divides every site's slots by four (at least one), so
+	// most sites are smaller than the ceiling floor (8).
+	SmallSites Change = "small-sites"
+)
+
+// Changes lists the scenarios.
+var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites}
+
 // Config is one experiment.
 type Config struct {
 	Slots    []int
-	Load     float64 // arrival rate over total capacity
+	Load     float64 // arrival rate over total service capacity
 	Gateways int
 	// BoardAge is T: how often, in mean request durations, the readings a
 	// gateway sees are refreshed.
 	BoardAge float64
+	// Phases is when they refresh; empty means PhasesRandom.
+	Phases   Phases
 	Requests int
 	Seed     uint64
-	// Lognormal selects heavy-tailed service times (σ = 1); otherwise
-	// exponential. Both have mean 1.
-	Lognormal bool
-	Policy    string
+	// Sigma selects lognormal service times of that σ; 0 is exponential.
+	// Both have mean 1.
+	Sigma    float64
+	Scenario Change
+	Policy   string
 }
 
 // Result is what a run measured, in mean request durations.
@@ -70,14 +119,15 @@ type eventKind int
 const (
 	arrival eventKind = iota
 	departure
-	refresh // a gateway's board refreshes
+	refresh // readings refresh: of one gateway or all (gw < 0), of one site or all (site < 0)
 	rebuild // a gateway rebuilds its snapshot (its poll)
+	swap    // the sites' capacities reverse (CapacitySwap)
 )
 
 type event struct {
 	at   float64
 	kind eventKind
-	site int     // departure
+	site int     // departure, refresh
 	req  request // departure
 	gw   int     // refresh, rebuild
 	seq  int
@@ -105,12 +155,15 @@ type request struct {
 	arrived float64
 	service float64
 	gw      int
+	room    bool // the pick saw a free slot (route.Pick.Room)
 }
 
 type site struct {
 	slots   int
 	running int
 	queue   []request
+	// slowdown multiplies the service demand of the site's requests.
+	slowdown float64
 }
 
 func (s *site) inSystem() int { return s.running + len(s.queue) }
@@ -128,23 +181,33 @@ type gateway struct {
 	wrr      []float64 // smooth weighted round robin state
 	seq      int64
 	turn     uint64
-	durSum   float64 // observed durations of this gateway's requests
-	durCount float64
+	service  route.ServiceTime // the age unit, learned as the gateway does
 }
 
 // Run simulates cfg and returns the mean and p99 time in system.
 func Run(cfg Config) Result {
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b9))
+	arrivalRng := rand.New(rand.NewPCG(cfg.Seed, 1)) // arrivals, gateways, service demands
+	rng := rand.New(rand.NewPCG(cfg.Seed, 2))        // policy draws
+	phaseRng := rand.New(rand.NewPCG(cfg.Seed, 3))   // refresh and rebuild phases
 	sites := make([]site, len(cfg.Slots))
-	total := 0
+	rate := 0.0 // completions per mean duration at full use
 	for i, c := range cfg.Slots {
-		sites[i].slots = c
-		total += c
+		sites[i] = site{slots: c, slowdown: 1}
+		if cfg.Scenario == SmallSites {
+			sites[i].slots = max(c/4, 1)
+		}
+		if cfg.Scenario == SlowSite && i == 0 {
+			sites[i].slowdown = 4
+		}
+		rate += float64(sites[i].slots) / sites[i].slowdown
 	}
-	lambda := cfg.Load * float64(total)
+	lambda := cfg.Load * rate
 	windowMs := int64(math.Max(cfg.BoardAge, 0.1)*unit) + int64(unit)
 	set := route.DefaultSettings
 	set.WindowMs = windowMs
+	// The ceiling half-life in mean durations as in production: 600 s of
+	// 10 s requests.
+	set.CeilingHalfLifeMs = 60 * unit
 	set.AgeAware = cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
 	gws := make([]*gateway, cfg.Gateways)
 	for k := range gws {
@@ -163,25 +226,41 @@ func Run(cfg Config) Result {
 	var q events
 	seq := 0
 	push := func(e event) { seq++; e.seq = seq; heap.Push(&q, e) }
-	push(event{at: rng.ExpFloat64() / lambda, kind: arrival})
+	push(event{at: arrivalRng.ExpFloat64() / lambda, kind: arrival})
+	T := math.Max(cfg.BoardAge, 1e-9)
 	poll := math.Min(cfg.BoardAge, 0.1)
 	// Only the policies that run the gateway's routing stack need its
 	// store and snapshots; the baselines read the board directly.
 	stack := cfg.Policy == Reference || set.AgeAware
-	for k := range gws {
-		// Boards refresh at independent phases, as real gateways poll on
-		// their own clocks.
-		phase := rng.Float64() * math.Max(cfg.BoardAge, 1e-9)
-		push(event{at: phase, kind: refresh, gw: k})
-		if stack {
-			push(event{at: phase + 1e-6, kind: rebuild, gw: k})
+	switch cfg.Phases {
+	case PhasesSync:
+		push(event{at: phaseRng.Float64() * T, kind: refresh, gw: -1, site: -1})
+	case PhasesPerSite:
+		for i := range sites {
+			push(event{at: phaseRng.Float64() * T, kind: refresh, gw: -1, site: i})
+		}
+	default:
+		for k := range gws {
+			push(event{at: phaseRng.Float64() * T, kind: refresh, gw: k, site: -1})
 		}
 	}
-	service := func() float64 {
-		if cfg.Lognormal {
-			return math.Exp(rng.NormFloat64() - 0.5) // σ = 1, mean 1
+	if stack {
+		// Each gateway rebuilds on its own clock.
+		for k := range gws {
+			push(event{at: phaseRng.Float64()*poll + 1e-6, kind: rebuild, gw: k})
 		}
-		return rng.ExpFloat64()
+	}
+	measureFrom := 0.0 // arrival instant from which requests count
+	if cfg.Scenario == CapacitySwap {
+		swapAt := float64(cfg.Requests) / lambda / 2
+		push(event{at: swapAt, kind: swap})
+		measureFrom = swapAt + 100
+	}
+	service := func() float64 {
+		if cfg.Sigma > 0 {
+			return math.Exp(cfg.Sigma*arrivalRng.NormFloat64() - cfg.Sigma*cfg.Sigma/2)
+		}
+		return arrivalRng.ExpFloat64()
 	}
 	var times []float64
 	arrivals := 0
@@ -191,14 +270,15 @@ func Run(cfg Config) Result {
 		switch e.kind {
 		case arrival:
 			arrivals++
-			if arrivals < cfg.Requests*2 {
-				push(event{at: now + rng.ExpFloat64()/lambda, kind: arrival})
+			if arrivals < cfg.Requests*4 {
+				push(event{at: now + arrivalRng.ExpFloat64()/lambda, kind: arrival})
 			}
-			k := rng.IntN(len(gws))
-			i := choose(cfg.Policy, gws[k], sites, rng, now)
+			k := arrivalRng.IntN(len(gws))
+			demand := service()
+			i, room := choose(cfg.Policy, gws[k], sites, rng, now)
 			gws[k].own[i]++
-			r := request{arrived: now, service: service(), gw: k}
 			s := &sites[i]
+			r := request{arrived: now, service: demand * s.slowdown, gw: k, room: room}
 			if s.running < s.slots {
 				s.running++
 				push(event{at: now + r.service, kind: departure, site: i, req: r})
@@ -209,34 +289,50 @@ func Run(cfg Config) Result {
 			s := &sites[e.site]
 			s.running--
 			d := now - e.req.arrived
-			times = append(times, d)
-			gws[e.req.gw].durSum += d
-			gws[e.req.gw].durCount++
-			if len(s.queue) > 0 {
+			if e.req.arrived >= measureFrom {
+				times = append(times, d)
+			}
+			gws[e.req.gw].service.Observe(d*unit, e.req.room)
+			for len(s.queue) > 0 && s.running < s.slots {
 				next := s.queue[0]
 				s.queue = s.queue[1:]
 				s.running++
 				push(event{at: now + next.service, kind: departure, site: e.site, req: next})
 			}
 		case refresh:
-			g := gws[e.gw]
-			for i := range sites {
-				g.board[i] = sites[i].inSystem()
-				g.own[i] = 0
+			for k, g := range gws {
+				if e.gw >= 0 && k != e.gw {
+					continue
+				}
+				for i := range sites {
+					if e.site < 0 || i == e.site {
+						g.board[i] = sites[i].inSystem()
+						g.own[i] = 0
+					}
+				}
+				if stack {
+					g.ingest(sites, e.site, now)
+				}
 			}
-			if stack {
-				g.ingest(sites, now)
-			}
-			push(event{at: now + math.Max(cfg.BoardAge, 1e-9), kind: refresh, gw: e.gw})
+			push(event{at: now + T, kind: refresh, gw: e.gw, site: e.site})
 		case rebuild:
 			g := gws[e.gw]
-			if g.durCount > 0 {
-				set.MeanDurationMs = g.durSum / g.durCount * unit
-			} else {
-				set.MeanDurationMs = unit
-			}
+			set.MeanDurationMs = g.service.MeanMs()
 			g.snap = g.builder.Build(g.store, g.cands, int64(now*unit), nil, set)
 			push(event{at: now + poll, kind: rebuild, gw: e.gw})
+		case swap:
+			for i, j := 0, len(sites)-1; i < j; i, j = i+1, j-1 {
+				sites[i].slots, sites[j].slots = sites[j].slots, sites[i].slots
+			}
+			for i := range sites {
+				s := &sites[i]
+				for len(s.queue) > 0 && s.running < s.slots {
+					next := s.queue[0]
+					s.queue = s.queue[1:]
+					s.running++
+					push(event{at: now + next.service, kind: departure, site: i, req: next})
+				}
+			}
 		}
 	}
 	// Drop the warm-up tenth.
@@ -249,13 +345,16 @@ func Run(cfg Config) Result {
 	return Result{Mean: sum / float64(len(times)), P99: times[int(0.99*float64(len(times)-1))]}
 }
 
-// ingest feeds the gateway the rows an operator would relay for every site
-// at the refresh instant: running, queued and ready per pool, the deepest
-// queue, and a complete batch.
-func (g *gateway) ingest(sites []site, now float64) {
+// ingest feeds the gateway the rows an operator would relay for one site
+// (only < 0: every site) at the refresh instant: running, queued and ready
+// per pool, the deepest queue, and a complete batch.
+func (g *gateway) ingest(sites []site, only int, now float64) {
 	ms := int64(now * unit)
 	var b strings.Builder
 	for i := range sites {
+		if only >= 0 && i != only {
+			continue
+		}
 		s := &sites[i]
 		lbl := fmt.Sprintf(`grid_provider="p",grid_site="s%02d"`, i)
 		run, queued := min(s.inSystem(), s.slots), max(s.inSystem()-s.slots, 0)
@@ -269,21 +368,22 @@ func (g *gateway) ingest(sites []site, now float64) {
 	g.store.Ingest([]byte(b.String()), ms, ms, ms, signals.Origin{Site: "hub", Relay: true})
 }
 
-// choose routes one request by policy.
-func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) int {
+// choose routes one request by policy: the site, and whether the pick saw
+// room there (the routing stack's policies only).
+func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) (int, bool) {
 	switch policy {
 	case Reference, AgeAware, AgeAwareNoOwn:
 		if g.snap == nil {
-			return rng.IntN(len(sites))
+			return rng.IntN(len(sites)), false
 		}
 		g.turn++
 		p := g.snap.Pick("m", g.turn, int64(now*unit), g.ownSends)
 		if p.Candidate == nil {
-			return rng.IntN(len(sites))
+			return rng.IntN(len(sites)), false
 		}
 		var i int
 		fmt.Sscanf(p.Candidate.Site, "s%02d", &i)
-		return i
+		return i, p.Room
 	case WeightedRR:
 		// Smooth weighted round robin by slots.
 		total, best := 0.0, 0
@@ -295,11 +395,11 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			}
 		}
 		g.wrr[best] -= total
-		return best
+		return best, false
 	case WeightedRandom:
-		return weighted(sites, rng)
+		return weighted(sites, rng), false
 	case JSQStale, JSQStaleOwn:
-		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng)
+		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng), false
 	case P2CStale, P2CStaleOwn:
 		a := weighted(sites, rng)
 		b := a
@@ -307,11 +407,11 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			b = weighted(sites, rng)
 		}
 		if g.seen(policy, b)/float64(sites[b].slots) < g.seen(policy, a)/float64(sites[a].slots) {
-			return b
+			return b, false
 		}
-		return a
+		return a, false
 	case Oracle:
-		return argmin(len(sites), func(i int) float64 { return float64(sites[i].inSystem()) / float64(sites[i].slots) }, rng)
+		return argmin(len(sites), func(i int) float64 { return float64(sites[i].inSystem()) / float64(sites[i].slots) }, rng), false
 	}
 	panic("unknown policy " + policy)
 }

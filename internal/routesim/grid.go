@@ -1,0 +1,182 @@
+package routesim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"text/tabwriter"
+)
+
+// Grid is a set of experiments: every combination of its phase modes,
+// gateway counts, loads, board ages and policies, each run over Seeds seeds.
+type Grid struct {
+	Slots    []int
+	Sigma    float64
+	Scenario Change
+	Phases   []Phases
+	Gateways []int
+	Loads    []float64
+	Ages     []float64
+	Policies []string
+	Seeds    int
+	Seed     uint64 // the first seed; the others follow it
+	Requests int
+}
+
+// Cell is one experiment over the grid's seeds: the mean time in system
+// with the half-width of its 95% interval (0 with one seed), and the mean
+// of the seeds' p99s.
+type Cell struct {
+	Policy   string
+	Phases   Phases
+	Gateways int
+	Load     float64
+	T        float64
+	Mean     float64
+	MeanCI   float64
+	P99      float64
+}
+
+// Run runs every cell, the seeds of all cells spread over the CPUs, and
+// returns the cells in table order: phases, gateways, load, policy, T.
+func (g Grid) Run() []Cell {
+	var cells []Cell
+	for _, ph := range g.Phases {
+		for _, k := range g.Gateways {
+			for _, load := range g.Loads {
+				for _, p := range g.Policies {
+					for _, T := range g.Ages {
+						cells = append(cells, Cell{Policy: p, Phases: ph, Gateways: k, Load: load, T: T})
+					}
+				}
+			}
+		}
+	}
+	seeds := max(g.Seeds, 1)
+	results := make([][]Result, len(cells))
+	for i := range results {
+		results[i] = make([]Result, seeds)
+	}
+	type job struct{ cell, seed int }
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				c := cells[j.cell]
+				results[j.cell][j.seed] = Run(Config{Slots: g.Slots, Load: c.Load, Gateways: c.Gateways, BoardAge: c.T, Phases: c.Phases,
+					Requests: g.Requests, Seed: g.Seed + uint64(j.seed), Sigma: g.Sigma, Scenario: g.Scenario, Policy: c.Policy})
+			}
+		}()
+	}
+	for i := range cells {
+		for s := range seeds {
+			jobs <- job{i, s}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	for i := range cells {
+		cells[i].Mean, cells[i].MeanCI, cells[i].P99 = summarise(results[i])
+	}
+	return cells
+}
+
+// summarise returns the mean of the runs' means with the half-width of its
+// 95% interval (Student's t), and the mean of their p99s.
+func summarise(rs []Result) (mean, ci, p99 float64) {
+	n := float64(len(rs))
+	for _, r := range rs {
+		mean += r.Mean
+		p99 += r.P99
+	}
+	mean, p99 = mean/n, p99/n
+	if len(rs) < 2 {
+		return mean, 0, p99
+	}
+	var ss float64
+	for _, r := range rs {
+		ss += (r.Mean - mean) * (r.Mean - mean)
+	}
+	return mean, tQuantile975(len(rs)-1) * math.Sqrt(ss/(n-1)/n), p99
+}
+
+// tQuantile975 is Student's t 0.975 quantile for df degrees of freedom.
+func tQuantile975(df int) float64 {
+	table := []float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228}
+	if df <= len(table) {
+		return table[df-1]
+	}
+	return 1.96 + 2.4/float64(df) // within 1% of the exact value beyond ten
+}
+
+// WriteTSV writes one line per cell after a header: policy, phases,
+// gateways, load, T, mean, the half-width of its 95% interval, p99.
+func WriteTSV(w io.Writer, cells []Cell) {
+	fmt.Fprintln(w, "policy\tphases\tgateways\tload\tT\tmean\tmean_ci\tp99")
+	for _, c := range cells {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%g\t%g\t%.4f\t%.4f\t%.3f\n", c.Policy, c.Phases, c.Gateways, c.Load, c.T, c.Mean, c.MeanCI, c.P99)
+	}
+}
+
+// WriteText writes one table per phase mode, gateway count and load: a row
+// per policy, a column per board age, cells "mean±ci/p99".
+func (g Grid) WriteText(w io.Writer, cells []Cell) {
+	service := "exponential"
+	if g.Sigma > 0 {
+		service = fmt.Sprintf("lognormal σ=%g", g.Sigma)
+	}
+	for len(cells) > 0 {
+		head := cells[0]
+		n := 0
+		for n < len(cells) && cells[n].Phases == head.Phases && cells[n].Gateways == head.Gateways && cells[n].Load == head.Load {
+			n++
+		}
+		block := cells[:n]
+		cells = cells[n:]
+		fmt.Fprintf(w, "sites %s, load %g, K=%d, phases %s, %s, scenario %s (%d requests × %d seeds; mean±95%% interval/p99 time in system, mean service = 1)\n",
+			joinInts(g.Slots), head.Load, head.Gateways, head.Phases, service, g.Scenario, g.Requests, max(g.Seeds, 1))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+		row := []string{"policy \\ T"}
+		for _, a := range g.Ages {
+			row = append(row, fmt.Sprint(a))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		for len(block) > 0 {
+			row = []string{block[0].Policy}
+			m := 0
+			for m < len(block) && block[m].Policy == block[0].Policy {
+				c := block[m]
+				row = append(row, fmt.Sprintf("%.2f±%.2f/%.1f", c.Mean, c.MeanCI, c.P99))
+				m++
+			}
+			block = block[m:]
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+}
+
+// Table returns the first phase mode, gateway count and load of cells as a
+// Table (for the plot).
+func (g Grid) Table(cells []Cell) Table {
+	t := Table{Ages: g.Ages, Requests: g.Requests, Results: map[string][]Result{}}
+	if len(cells) == 0 {
+		return t
+	}
+	head := cells[0]
+	t.Scenario = Scenario{Name: fmt.Sprintf("sites %s, load %g, K=%d, phases %s", joinInts(g.Slots), head.Load, head.Gateways, head.Phases),
+		Slots: g.Slots, Load: head.Load, Gateways: head.Gateways, Sigma: g.Sigma}
+	for _, c := range cells {
+		if c.Phases == head.Phases && c.Gateways == head.Gateways && c.Load == head.Load {
+			t.Results[c.Policy] = append(t.Results[c.Policy], Result{Mean: c.Mean, P99: c.P99})
+		}
+	}
+	return t
+}
