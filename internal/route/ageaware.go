@@ -46,9 +46,8 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 // as its busy slots complete, while the grid's arrivals since the readings
 // flow to the least-loaded sites in proportion to their capacity, raising
 // them together. The sites whose predicted load has reached the level form
-// the active set. A fresh board makes this join-the-shortest-queue; an old
-// one makes it weighted random by capacity, which is right when the board
-// says nothing any more. order is scratch of group's length. It allocates
+// the active set. On a fresh board the flow goes to the least loaded; on an
+// old one by capacity, which is right when the board says nothing any more. order is scratch of group's length. It allocates
 // nothing, so the request path can call it.
 func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []int32) float64 {
 	// The grid's arrival rate, in requests per mean duration, is what its
