@@ -435,9 +435,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		switch g.forward(w, r, body, c, began) {
+		var ans answer
+		switch g.forward(w, r, body, c, began, &ans) {
 		case delivered:
-			g.durations.Observe(float64(g.clk.Now().Sub(began).Milliseconds()), pick.Room)
+			g.observeService(began, &ans, pick.Room)
 			return "routed"
 		case failed:
 			return "upstream_error"
@@ -502,6 +503,28 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 	}
 }
 
+// answer is what forward saw of an upstream's answer; the handler's
+// goroutine only (the proxy copies the body on it).
+type answer struct {
+	stream    bool      // text/event-stream
+	firstByte time.Time // the first byte of the body; zero before it
+}
+
+// observeService teaches the age unit (route.ServiceTime) what one
+// delivered request says of service time: a stream its time to first byte
+// and after it (a request that waited in an engine's queue waited before
+// its first token), a whole answer its duration and whether the pick saw
+// room.
+func (g *Gateway) observeService(began time.Time, ans *answer, room bool) {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	end := g.clk.Now()
+	if ans.stream && !ans.firstByte.IsZero() {
+		g.durations.ObserveStream(ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
+		return
+	}
+	g.durations.Observe(ms(end.Sub(began)), room)
+}
+
 // attempt is how one try to deliver a request ended.
 type attempt uint8
 
@@ -525,7 +548,7 @@ var errNotDelivered = errors.New("the peer gateway could not deliver the request
 // forward proxies one attempt to c, streaming the answer through
 // unbuffered. Every failure is classified and counted
 // (grid_gateway_upstream_errors_total) and told to passive health.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate, began time.Time) (result attempt) {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate, began time.Time, ans *answer) (result attempt) {
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
 		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
@@ -549,6 +572,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			}
 			g.health.answered(c, resp.StatusCode, began)
 			buffer.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+			ans.stream = buffer.stream
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
@@ -558,7 +582,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			// first token the dashboard shows.
 			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(),
 				failed:    func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
-				firstByte: func() { g.hist.firstByte(c.Site, g.clk.Now().Sub(began)) }}
+				firstByte: func() {
+					ans.firstByte = g.clk.Now()
+					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
+				}}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {

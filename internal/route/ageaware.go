@@ -58,11 +58,17 @@ func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []
 	var busy, meanAge, capSum float64
 	for k, i := range group {
 		c := &s.Candidates[i]
-		age := float64(max(nowMs-c.latestAt, 0)) / s.meanMs
+		ageMs := max(nowMs-c.latestAt, 0)
+		age := float64(ageMs) / s.meanMs
 		busy += math.Min(c.readLoad, 1) * c.Ceiling
 		meanAge += age * c.Ceiling
 		capSum += c.Ceiling
-		loads[k] = drain(c.readLoad, age)
+		// A backlog seen to persist across readings is held as long again
+		// before it drains: the unit is this gateway's mean duration, and
+		// a site whose own requests are longer (a batch of long
+		// completions sent to it directly) drains far slower. Its
+		// persistence is the evidence (docs/routing.md).
+		loads[k] = drain(c.readLoad, float64(max(ageMs-c.backlogMs, 0))/s.meanMs)
 		order[k] = int32(k)
 	}
 	arrivals := busy * meanAge / capSum

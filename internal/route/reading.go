@@ -48,6 +48,10 @@ type Reading struct {
 	// and LatestAt that instant: what the age-aware policy starts from.
 	LatestInFlight Opt
 	LatestAt       int64
+	// CongestedSince is the first instant of the run of congested instants
+	// that ends at LatestAt (absent when the newest instant has no
+	// backlog): how long the reading's backlog has been seen to persist.
+	CongestedSince Opt
 	Queued         Opt
 	Held           Opt
 	DeepestQueue   Opt
@@ -138,7 +142,12 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 			r.InFlight = x
 		}
 		r.LatestInFlight, r.LatestAt = x, lead.At
-		if q.V >= queueFull || h.V >= 1 {
+		if q.V < queueFull && h.V < 1 {
+			r.CongestedSince = Opt{}
+		} else {
+			if !r.CongestedSince.OK {
+				r.CongestedSince = some(float64(lead.At))
+			}
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x
 			}

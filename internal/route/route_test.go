@@ -614,6 +614,46 @@ func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
 	}
 }
 
+// TestAgeAwareHoldsAPersistingBacklog: the age unit is this gateway's
+// request duration (100 ms here); a site busy with far longer requests sent
+// to it directly keeps a backlog that the unit would predict drained within
+// a few hundred ms. Seen once, the backlog drains in the model; seen to
+// persist across readings a second apart, it is held a second more, so the
+// picks half a second after the reading all go to the idle site.
+func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		earlier  float64 // a's queue at the reading before the latest
+		wantNone bool
+	}{{"seen once", 0, false}, {"seen to persist", 8, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "a", "b")
+			w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 100, 60_000, 1
+			w.publish("a", 1000, obs{running: 2, queue: f(0)}) // teach a 2 slots, b 8
+			w.publish("b", 1000, obs{running: 8, queue: f(0)})
+			w.build(1000)
+			w.publish("a", 2000, obs{running: 2, queue: f(tc.earlier)})
+			w.publish("b", 2000, obs{running: 0, queue: f(0)})
+			w.publish("a", 3000, obs{running: 2, queue: f(8)})
+			w.publish("b", 3000, obs{running: 0, queue: f(0)})
+			snap := w.build(3000)
+			at := int64(3500)
+			n := 0
+			for turn := range uint64(40) {
+				if snap.Pick("m", turn, at, nil).Candidate.Site == "a" {
+					n++
+				}
+			}
+			if tc.wantNone && n != 0 {
+				t.Errorf("a drawn %d of 40 picks half a second after a second reading of its backlog, want none", n)
+			}
+			if !tc.wantNone && n == 0 {
+				t.Errorf("a drawn none of 40 picks five mean durations after the only reading of its backlog; the model drains it")
+			}
+		})
+	}
+}
+
 // TestReplicasSharingABoardSpread: gateway replicas that read one board make
 // one prediction; each sees only its own sends. One mean duration after the
 // readings (a at 90% of its capacity, b at 10%), the water model gives a

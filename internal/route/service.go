@@ -10,13 +10,16 @@ import (
 // (Settings.MeanDurationMs). Durations that include a queue would feed on
 // herding: once requests wait, durations grow, readings look younger than
 // they are, and the policy trusts them harder (measured in
-// internal/routesim, phases sync). Two guards keep the queue out:
+// internal/routesim, phases sync). The queue is kept out three ways:
 //
-//   - it learns only from requests sent where the pick saw a free slot
-//     (Pick.Room);
-//   - it is the least of the means of the last serviceWindows windows of
-//     serviceWindow such requests, as a TCP sender takes the least recent
-//     round trip for the path's own delay: a herd that sets in lengthens
+//   - a stream teaches its time after the first token (decode, which
+//     follows any wait) plus the least time to first token of the recent
+//     streams (the prefill a request that did not wait needs, as a TCP
+//     sender takes the least round trip for the path's own delay);
+//   - a whole answer teaches its duration only when the pick saw a free
+//     slot for it (Pick.Room);
+//   - the estimate is the least of the means of the last serviceWindows
+//     windows of serviceWindow such samples: a herd that sets in lengthens
 //     the windows it fills, not the ones before it. A real change in
 //     request length is learned once the windows before it have aged out
 //     (serviceWindows × serviceWindow requests). Erring low is the safe
@@ -30,6 +33,10 @@ type ServiceTime struct {
 	count   int
 	windows [serviceWindows]float64 // full windows' means, ms; 0 = not yet
 	next    int                     // the slot the next full window takes
+	// firstToken is the least time to first token of the window being
+	// filled, lastFirstToken of the window before it; +Inf (or 0 before
+	// any stream) when none.
+	firstToken, lastFirstToken float64
 }
 
 const (
@@ -37,7 +44,7 @@ const (
 	serviceWindows = 8
 )
 
-// Observe records a request's duration; one sent without room teaches
+// Observe records a whole answer's duration; one sent without room teaches
 // nothing.
 func (s *ServiceTime) Observe(ms float64, room bool) {
 	if !room || !(ms > 0) || math.IsInf(ms, 1) {
@@ -45,12 +52,37 @@ func (s *ServiceTime) Observe(ms float64, room bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.add(ms)
+}
+
+// ObserveStream records a stream that took firstTokenMs to its first token
+// and decodeMs after it.
+func (s *ServiceTime) ObserveStream(firstTokenMs, decodeMs float64) {
+	if !(firstTokenMs >= 0) || !(decodeMs >= 0) || math.IsInf(firstTokenMs+decodeMs, 1) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.firstToken == 0 && s.lastFirstToken == 0 {
+		s.firstToken, s.lastFirstToken = math.Inf(1), math.Inf(1)
+	}
+	s.firstToken = math.Min(s.firstToken, firstTokenMs)
+	if ms := decodeMs + math.Min(s.firstToken, s.lastFirstToken); ms > 0 {
+		s.add(ms)
+	}
+}
+
+// add records one sample; s.mu is held.
+func (s *ServiceTime) add(ms float64) {
 	s.sum += ms
 	s.count++
 	if s.count == serviceWindow {
 		s.windows[s.next] = s.sum / serviceWindow
 		s.next = (s.next + 1) % serviceWindows
 		s.sum, s.count = 0, 0
+		if s.firstToken != 0 {
+			s.firstToken, s.lastFirstToken = math.Inf(1), s.firstToken
+		}
 	}
 }
 

@@ -39,3 +39,35 @@ func TestServiceTimeIgnoresAHerd(t *testing.T) {
 		t.Errorf("once every window is longer: %v ms, want 5000 (a lasting change is learned)", got)
 	}
 }
+
+// TestServiceTimeStreamsSeeNoQueue: a stream's wait comes before its first
+// token, so a herd that makes most requests wait (five seconds to first
+// token instead of 50 ms; the few sent elsewhere do not) teaches nothing:
+// the unit stays decode plus the least recent time to first token, however
+// long the herd lasts.
+func TestServiceTimeStreamsSeeNoQueue(t *testing.T) {
+	var s ServiceTime
+	for range serviceWindow {
+		s.ObserveStream(50, 950)
+	}
+	if got := s.MeanMs(); got != 1000 {
+		t.Fatalf("streams without a wait: %v ms, want 1000", got)
+	}
+	for i := range 20 * serviceWindow {
+		if i%10 == 0 {
+			s.ObserveStream(50, 950)
+		} else {
+			s.ObserveStream(5050, 950) // waited five seconds in a queue
+		}
+	}
+	if got := s.MeanMs(); got > 1100 {
+		t.Errorf("during a long herd: %v ms, want about 1000 (decode plus the least first token)", got)
+	}
+	var fresh ServiceTime
+	for range serviceWindow {
+		fresh.ObserveStream(5050, 950) // the herd from the start
+	}
+	if got := fresh.MeanMs(); got > 6000 {
+		t.Errorf("a herd from the first request: %v ms, want at most the whole duration", got)
+	}
+}

@@ -76,6 +76,10 @@ type Candidate struct {
 	readLoad float64
 	// latestAt is the timeline instant of the candidate's latest reading.
 	latestAt int64
+	// backlogMs is how long the backlog of the latest reading had been
+	// seen to persist by then (0 without a backlog): predict holds it that
+	// much longer before draining it.
+	backlogMs int64
 	Full     Tri
 	Relieved Tri
 	// Learnable is false while the site's batch metadata is missing or
@@ -345,6 +349,9 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	if r.LatestInFlight.OK {
 		c.latestAt = r.LatestAt
 		c.Predicted = r.LatestInFlight.V // interpreted against its age later
+		if r.CongestedSince.OK {
+			c.backlogMs = r.LatestAt - int64(r.CongestedSince.V)
+		}
 	}
 }
 

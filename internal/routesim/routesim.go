@@ -155,7 +155,6 @@ type request struct {
 	arrived float64
 	service float64
 	gw      int
-	room    bool // the pick saw a free slot (route.Pick.Room)
 }
 
 type site struct {
@@ -275,10 +274,10 @@ func Run(cfg Config) Result {
 			}
 			k := arrivalRng.IntN(len(gws))
 			demand := service()
-			i, room := choose(cfg.Policy, gws[k], sites, rng, now)
+			i := choose(cfg.Policy, gws[k], sites, rng, now)
 			gws[k].own[i]++
 			s := &sites[i]
-			r := request{arrived: now, service: demand * s.slowdown, gw: k, room: room}
+			r := request{arrived: now, service: demand * s.slowdown, gw: k}
 			if s.running < s.slots {
 				s.running++
 				push(event{at: now + r.service, kind: departure, site: i, req: r})
@@ -292,7 +291,10 @@ func Run(cfg Config) Result {
 			if e.req.arrived >= measureFrom {
 				times = append(times, d)
 			}
-			gws[e.req.gw].service.Observe(d*unit, e.req.room)
+			// Every request streams; its first token comes as its service
+			// starts (no prefill modelled), so the gateway sees the wait
+			// and the service apart.
+			gws[e.req.gw].service.ObserveStream((d-e.req.service)*unit, e.req.service*unit)
 			for len(s.queue) > 0 && s.running < s.slots {
 				next := s.queue[0]
 				s.queue = s.queue[1:]
@@ -368,22 +370,21 @@ func (g *gateway) ingest(sites []site, only int, now float64) {
 	g.store.Ingest([]byte(b.String()), ms, ms, ms, signals.Origin{Site: "hub", Relay: true})
 }
 
-// choose routes one request by policy: the site, and whether the pick saw
-// room there (the routing stack's policies only).
-func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) (int, bool) {
+// choose routes one request by policy.
+func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) int {
 	switch policy {
 	case Reference, AgeAware, AgeAwareNoOwn:
 		if g.snap == nil {
-			return rng.IntN(len(sites)), false
+			return rng.IntN(len(sites))
 		}
 		g.turn++
 		p := g.snap.Pick("m", g.turn, int64(now*unit), g.ownSends)
 		if p.Candidate == nil {
-			return rng.IntN(len(sites)), false
+			return rng.IntN(len(sites))
 		}
 		var i int
 		fmt.Sscanf(p.Candidate.Site, "s%02d", &i)
-		return i, p.Room
+		return i
 	case WeightedRR:
 		// Smooth weighted round robin by slots.
 		total, best := 0.0, 0
@@ -395,11 +396,11 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			}
 		}
 		g.wrr[best] -= total
-		return best, false
+		return best
 	case WeightedRandom:
-		return weighted(sites, rng), false
+		return weighted(sites, rng)
 	case JSQStale, JSQStaleOwn:
-		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng), false
+		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng)
 	case P2CStale, P2CStaleOwn:
 		a := weighted(sites, rng)
 		b := a
@@ -407,11 +408,11 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			b = weighted(sites, rng)
 		}
 		if g.seen(policy, b)/float64(sites[b].slots) < g.seen(policy, a)/float64(sites[a].slots) {
-			return b, false
+			return b
 		}
-		return a, false
+		return a
 	case Oracle:
-		return argmin(len(sites), func(i int) float64 { return float64(sites[i].inSystem()) / float64(sites[i].slots) }, rng), false
+		return argmin(len(sites), func(i int) float64 { return float64(sites[i].inSystem()) / float64(sites[i].slots) }, rng)
 	}
 	panic("unknown policy " + policy)
 }
