@@ -99,6 +99,7 @@ func TestOperatorRejections(t *testing.T) {
 		{"provider credentials in URL", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u:p@u', metrics: {endpoint: 'http://x'}}\n", []string{"must not carry credentials"}},
 		{"client cert without key", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'https://x', tls: {cert: c}}}\n", []string{"cert and key go together"}},
 		{"two documents", "site: east\n---\nsite: west\n", []string{"one YAML document"}},
+		{"unknown admission", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}, admission: drain}\n", []string{`providers[0].admission: "drain" is not one of new_and_existing, existing_only, none`}},
 		{"reports every problem", "site: East\nscrapeInterval: -1s\n", []string{"site:", "scrapeInterval:"}},
 	}
 	for _, tc := range tests {
@@ -131,6 +132,11 @@ func TestGatewayRejections(t *testing.T) {
 		{"negative full after", base + "availability: {full_after_ms: -1}\n", "availability.full_after_ms"},
 		{"zero half life", base + "availability: {ceiling_half_life_ms: 0}\n", "availability.ceiling_half_life_ms"},
 		{"bad hop listen", base + "hop: {listen: ':'}\n", "hop.listen"},
+		{"affinity ttl over a day", base + "affinity: {header: X-Session-Id, ttl: 25h}\n", "affinity.ttl: must be positive and at most 24h"},
+		{"affinity header not a token", base + "affinity: {header: 'X Session'}\n", `affinity.header: "X Session" is not a header name`},
+		{"affinity threshold zero", base + "affinity: {header: X-Session-Id, threshold: 0}\n", "affinity.threshold: must be in"},
+		{"affinity table too small", base + "affinity: {header: X-Session-Id, maxBytes: 100}\n", "affinity.maxBytes: must be at least 4096"},
+		{"prefix exploration above one", base + "affinity: {prefix: {enabled: true, exploration: 2}}\n", "affinity.prefix.exploration"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

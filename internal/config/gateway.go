@@ -35,6 +35,45 @@ type Gateway struct {
 	// Upstream bounds the gateway's exchanges with where it sends requests:
 	// this site's providers and peer sites' gateways.
 	Upstream Upstream `yaml:"upstream"`
+	// Affinity keeps a conversation where its KV cache lives
+	// (docs/routing.md, affinity); off unless a header, a cookie or prefix
+	// affinity is set.
+	Affinity Affinity `yaml:"affinity"`
+}
+
+// Affinity configures session and prefix affinity.
+type Affinity struct {
+	// Header and Cookie name where a request's session key is read: the
+	// header first, then the cookie. Neither set: no session affinity.
+	Header string `yaml:"header"`
+	Cookie string `yaml:"cookie"`
+	// TTL is how long a session stays bound after its last request (at
+	// most 24 h).
+	TTL Duration `yaml:"ttl"`
+	// Threshold is the load (in-flight over learned capacity, read through
+	// its age as the default policy reads it) at which a bound or preferred
+	// site yields to the normal pick.
+	Threshold *float64 `yaml:"threshold"`
+	// MaxSessions and MaxBytes bound the session table; the least recently
+	// used session goes first.
+	MaxSessions int   `yaml:"maxSessions"`
+	MaxBytes    int64 `yaml:"maxBytes"`
+	// Prefix maps a prompt's leading part to a preferred site.
+	Prefix PrefixAffinity `yaml:"prefix"`
+}
+
+// On reports whether any affinity is configured.
+func (a *Affinity) On() bool { return a.Header != "" || a.Cookie != "" || a.Prefix.Enabled }
+
+// PrefixAffinity configures prefix affinity for requests without a
+// session key.
+type PrefixAffinity struct {
+	Enabled bool `yaml:"enabled"`
+	// Bytes bounds the leading part of the prompt that is hashed.
+	Bytes int `yaml:"bytes"`
+	// Exploration is the share of prefixed requests routed by the normal
+	// pick anyway, so the load readings of every site stay current.
+	Exploration *float64 `yaml:"exploration"`
 }
 
 // Upstream bounds an attempt to deliver a request.
@@ -154,6 +193,23 @@ const (
 	// a few thousand tokens at tens of tokens per second, behind a queue,
 	// answers its headers after minutes.
 	DefaultUpstreamResponseHeaderTimeout = 5 * time.Minute
+
+	// DefaultAffinityTTL: a chat's next turn comes within minutes; an hour
+	// covers a working session's pauses. An engine's prefix cache rarely
+	// holds a conversation longer than that under load.
+	DefaultAffinityTTL = time.Hour
+	MaxAffinityTTL     = 24 * time.Hour
+	// DefaultAffinityThreshold is the reference's prefix-affinity
+	// threshold.
+	DefaultAffinityThreshold = 0.8
+	// DefaultAffinitySessions and DefaultAffinityBytes bound the table: a
+	// session costs about 200 bytes with a 36-byte key.
+	DefaultAffinitySessions = 100_000
+	DefaultAffinityBytes    = 32 << 20
+	// DefaultPrefixBytes covers a system prompt and a first message.
+	DefaultPrefixBytes = 4096
+	// DefaultPrefixExploration is the reference's exploration share.
+	DefaultPrefixExploration = 0.02
 )
 
 func (c *Gateway) applyDefaults() {
@@ -173,6 +229,15 @@ func (c *Gateway) applyDefaults() {
 	setDuration(&c.Limits.ClientIdleTimeout, DefaultClientIdleTimeout)
 	setDuration(&c.Upstream.ConnectTimeout, DefaultUpstreamConnectTimeout)
 	setDuration(&c.Upstream.ResponseHeaderTimeout, DefaultUpstreamResponseHeaderTimeout)
+	af := &c.Affinity
+	setDuration(&af.TTL, DefaultAffinityTTL)
+	setPtr(&af.Threshold, DefaultAffinityThreshold)
+	setInt(&af.MaxSessions, DefaultAffinitySessions)
+	if af.MaxBytes == 0 {
+		af.MaxBytes = DefaultAffinityBytes
+	}
+	setInt(&af.Prefix.Bytes, DefaultPrefixBytes)
+	setPtr(&af.Prefix.Exploration, DefaultPrefixExploration)
 	a := &c.Availability
 	setPtr(&a.Smoothing, DefaultSmoothing)
 	setPtr(&a.CeilingHalfLifeMs, DefaultCeilingHalfLifeMs)

@@ -156,6 +156,10 @@ type Provider struct {
 	// Unavailable marks the provider out of service: it is published not ready
 	// whatever its metrics say.
 	Unavailable bool `yaml:"unavailable"`
+	// Admission is new_and_existing (the default), existing_only (keeps
+	// the sessions bound to it, takes no new one: a graceful drain) or
+	// none; relayed to every gateway (docs/protocol.md §2.2).
+	Admission string `yaml:"admission"`
 	// Object is the provider's revision when it is declared by a Kubernetes
 	// object: peers order its batches by metadata.uid and
 	// metadata.generation. Nil in file mode, where the operator's state mints

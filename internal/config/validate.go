@@ -210,6 +210,9 @@ func (c *Operator) validate(doc *document) error {
 			p.addf(path+".metrics.tls", "cert and key go together")
 		}
 		p.url(path+".upstream", pr.Upstream, true, "http", "https")
+		if _, ok := signals.ParseAdmission(pr.Admission); !ok {
+			p.addf(path+".admission", "%q is not one of new_and_existing, existing_only, none", pr.Admission)
+		}
 	}
 	return p.err()
 }
@@ -266,5 +269,35 @@ func (c *Gateway) validate(doc *document) error {
 	if a.CeilingModel != CeilingBounds && a.CeilingModel != CeilingSingle {
 		p.addf("availability.ceiling_model", "%q is not bounds or single", a.CeilingModel)
 	}
+	af := c.Affinity
+	if af.Header != "" && !validToken(af.Header) {
+		p.addf("affinity.header", "%q is not a header name", af.Header)
+	}
+	if af.Cookie != "" && !validToken(af.Cookie) {
+		p.addf("affinity.cookie", "%q is not a cookie name", af.Cookie)
+	}
+	if af.TTL <= 0 || af.TTL.D() > MaxAffinityTTL {
+		p.addf("affinity.ttl", "must be positive and at most 24h, got %s", af.TTL.D())
+	}
+	inRange("affinity.threshold", *af.Threshold, math.SmallestNonzeroFloat64, 10)
+	p.atLeast("affinity.maxSessions", af.MaxSessions, 1)
+	if af.MaxBytes < 4096 {
+		p.addf("affinity.maxBytes", "must be at least 4096, got %d", af.MaxBytes)
+	}
+	if af.Prefix.Bytes < 16 || af.Prefix.Bytes > 1<<20 {
+		p.addf("affinity.prefix.bytes", "must be in [16, 1048576], got %d", af.Prefix.Bytes)
+	}
+	inRange("affinity.prefix.exploration", *af.Prefix.Exploration, 0, 1)
 	return p.err()
+}
+
+// validToken reports whether s is an HTTP token (RFC 9110 §5.6.2), what
+// header and cookie names are made of.
+func validToken(s string) bool {
+	for _, r := range s {
+		if r > 0x7e || r <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/grid-inference/grid/internal/affinity"
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/connlimit"
@@ -114,6 +115,7 @@ type Gateway struct {
 	rep       *reporter
 	picks     picks
 	durations route.ServiceTime // the age unit (docs/routing.md)
+	sessions  *affinity.Table   // session affinity's bindings (affinity.go)
 }
 
 // New builds a gateway from a validated configuration.
@@ -167,6 +169,8 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		}
 	})
 	g.cfg.Store(cfg)
+	g.sessions = affinity.New(sessionBounds(&cfg.Affinity))
+	m.registerAffinity(g.sessions)
 	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream)
 	g.bodies = newBodyBudget(cfg.Limits.BodyBytes)
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_held",
@@ -227,6 +231,7 @@ func (g *Gateway) Reload(next *config.Gateway) error {
 		}
 	}
 	g.bodies.setLimit(next.Limits.BodyBytes)
+	g.m.affinity.WithLabelValues(affinityEvicted).Add(float64(g.sessions.SetBounds(sessionBounds(&next.Affinity))))
 	g.refresh()
 	return nil
 }
@@ -549,7 +554,7 @@ func (g *Gateway) topology() []route.Candidate {
 		if err != nil {
 			u = nil
 		}
-		out = append(out, route.Candidate{Model: p.Model, Site: s.Site, Provider: p.Name, Local: true, Upstream: u})
+		out = append(out, route.Candidate{Model: p.Model, Site: s.Site, Provider: p.Name, Local: true, Upstream: u, Admission: route.AdmissionOf(p.Admission)})
 	}
 	gateways := map[string]*url.URL{}
 	for _, p := range s.Peers {
@@ -566,7 +571,7 @@ func (g *Gateway) topology() []route.Candidate {
 		if !ok || v.Model == "" {
 			continue
 		}
-		remote = append(remote, route.Candidate{Model: v.Model, Site: k.Site, Provider: k.Provider, Upstream: gateways[k.Site]})
+		remote = append(remote, route.Candidate{Model: v.Model, Site: k.Site, Provider: k.Provider, Upstream: gateways[k.Site], Admission: route.AdmissionOf(v.Admission)})
 	}
 	sort.SliceStable(remote, func(i, j int) bool { return remote[i].Site < remote[j].Site })
 	return append(out, remote...)

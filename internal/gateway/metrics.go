@@ -37,6 +37,8 @@ type metrics struct {
 	hopRefused        *prometheus.CounterVec
 	readingAge        *prometheus.HistogramVec
 	bodyBudgetRefused prometheus.Counter
+	affinity          *prometheus.CounterVec
+	prefixAffinity    *prometheus.CounterVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -47,7 +49,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		reg:              prometheus.NewRegistry(),
 		decisions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_decisions_total", Help: "Routing decisions: routed and fallback per site; refusals with an empty site."}, []string{"site", "cluster", "reason"}),
-		selections:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: age_aware (the default policy's draw), and the reference arms two_choices, between_two, lone, by_capacity (the age-aware policy uses them only while no site is measured)."}, []string{"path"}),
+		selections:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_selections_total", Help: "Selections by path: age_aware (the default policy's draw); session and prefix (affinity kept a request on its bound or preferred site); and the reference arms two_choices, between_two, lone, by_capacity (the age-aware policy uses them only while no site is measured)."}, []string{"path"}),
 		rho:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_rho", Help: "Saturation the gateway last read for the site, in-flight over its ceiling. NaN when unmeasured."}, sc),
 		weight:           prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_weight", Help: "Capacity the draw weights the site by. NaN when unmeasured."}, sc),
 		ceiling:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_ceiling", Help: "Ceiling the gateway has learned for the site. NaN when unmeasured."}, sc),
@@ -98,6 +100,17 @@ func newMetrics() *metrics {
 			m.connsShed.WithLabelValues(ln, lim)
 		}
 	}
+	m.affinity = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_affinity_total",
+		Help: "Session affinity by outcome: bound (a session bound to the site that served it), reused (sent to its bound site), failover (its bound site was gone, closed, unhealthy or above the threshold; rebound), expired (its binding outlived affinity.ttl), evicted (dropped for affinity.maxSessions or maxBytes)."}, []string{"outcome"})
+	for _, o := range affinityOutcomes {
+		m.affinity.WithLabelValues(o)
+	}
+	m.prefixAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_route_prefix_affinity_total",
+		Help: "Prefix affinity by outcome: preferred (sent to the prompt prefix's site), yielded (every site in its order was above the threshold or its bounded-load share; the normal pick decided), explored (the exploration share; the normal pick decided)."}, []string{"outcome"})
+	for _, o := range prefixOutcomes {
+		m.prefixAffinity.WithLabelValues(o)
+	}
+	m.reg.MustRegister(m.affinity, m.prefixAffinity)
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
 		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused, m.bodyBudgetRefused, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

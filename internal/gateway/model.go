@@ -23,24 +23,31 @@ var (
 // name "model" at most once at the top level; values of other keys are
 // skipped without allocating.
 func ModelOf(body []byte) (string, error) {
+	model, _, err := parseRequest(body)
+	return model, err
+}
+
+// parseRequest reads a request body's model (as ModelOf) and, in the same
+// pass, the leading part of its prompt that prefix affinity hashes
+// (promptHead); prompt is nil when the body has none.
+func parseRequest(body []byte) (model string, prompt []byte, err error) {
 	if !json.Valid(body) {
-		return "", errInvalidJSON
+		return "", nil, errInvalidJSON
 	}
 	i := skipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
-		return "", errInvalidJSON
+		return "", nil, errInvalidJSON
 	}
 	i++
-	var model string
 	found := false
 	for {
 		i = skipSpace(body, i)
 		switch body[i] {
 		case '}':
 			if !found || model == "" {
-				return "", errNoModel
+				return "", prompt, errNoModel
 			}
-			return model, nil
+			return model, prompt, nil
 		case ',':
 			i = skipSpace(body, i+1)
 		}
@@ -49,18 +56,71 @@ func ModelOf(body []byte) (string, error) {
 		i = skipSpace(body, keyEnd) + 1 // the ':'
 		i = skipSpace(body, i)
 		valueEnd := valueEnd(body, i)
-		if isModelKey(key) {
+		switch {
+		case isModelKey(key):
 			if found {
-				return "", errAmbiguousModel
+				return "", nil, errAmbiguousModel
 			}
 			found = true
 			if body[i] == '"' {
 				if err := json.Unmarshal(body[i:valueEnd], &model); err != nil {
-					return "", errInvalidJSON
+					return "", nil, errInvalidJSON
 				}
 			}
+		case prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
+			prompt = promptHead(body[i:valueEnd])
 		}
 		i = valueEnd
+	}
+}
+
+// promptHead is the part of a prompt that stays the same over a
+// conversation's turns: of a chat's messages, the array up to the end of
+// its first user message (the system prompt and the first question); of a
+// completion's prompt or an embedding's input, the whole value. A chat
+// resends the same leading messages, serialised the same way, on every
+// turn; what follows grows.
+func promptHead(v []byte) []byte {
+	if len(v) == 0 || v[0] != '[' {
+		return v
+	}
+	i := 1
+	for {
+		i = skipSpace(v, i)
+		if i >= len(v) || v[i] == ']' {
+			return v
+		}
+		if v[i] == ',' {
+			i = skipSpace(v, i+1)
+		}
+		end := valueEnd(v, i)
+		if v[i] == '{' && isUserMessage(v[i:end]) {
+			return v[:end]
+		}
+		i = end
+	}
+}
+
+// isUserMessage reports whether a message object's top-level "role" is
+// "user".
+func isUserMessage(obj []byte) bool {
+	i := 1
+	for {
+		i = skipSpace(obj, i)
+		if i >= len(obj) || obj[i] == '}' {
+			return false
+		}
+		if obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+		keyEnd := stringEnd(obj, i)
+		key := obj[i:keyEnd]
+		i = skipSpace(obj, skipSpace(obj, keyEnd)+1)
+		end := valueEnd(obj, i)
+		if string(key) == `"role"` {
+			return string(obj[i:end]) == `"user"`
+		}
+		i = end
 	}
 }
 

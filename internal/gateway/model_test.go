@@ -130,3 +130,55 @@ func TestRefusalTableIsDocumented(t *testing.T) {
 		t.Errorf("docs/gateway.md documents %s, which the gateway never answers", code)
 	}
 }
+
+// TestPromptHeadStaysOverTurns: the part prefix affinity hashes is the same
+// on every turn of a conversation (the system prompt and the first user
+// message), and differs between conversations.
+func TestPromptHeadStaysOverTurns(t *testing.T) {
+	turn1 := `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Plan a trip"}]}`
+	turn2 := `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Plan a trip"},{"role":"assistant","content":"Where?"},{"content":"Rome","role":"user"}],"stream":true}`
+	other := `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Fix my code"}]}`
+	head := func(body string) string {
+		t.Helper()
+		_, p, err := parseRequest([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(p)
+	}
+	want := `[{"role":"system","content":"You are terse."},{"role":"user","content":"Plan a trip"}`
+	if h1, h2 := head(turn1), head(turn2); h1 != want || h2 != want {
+		t.Errorf("heads:\n%s\n%s\nwant both\n%s", h1, h2, want)
+	}
+	if head(other) == want {
+		t.Error("another conversation has the same head")
+	}
+	for body, want := range map[string]string{
+		`{"model":"m","prompt":"Once upon a time"}`:    `"Once upon a time"`,
+		`{"input":["a","b"],"model":"m"}`:              `["a","b"]`,
+		`{"model":"m","messages":[{"role":"system"}]}`: `[{"role":"system"}]`,
+		`{"model":"m"}`: ``,
+	} {
+		if got := head(body); got != want {
+			t.Errorf("%s: head %q, want %q", body, got, want)
+		}
+	}
+}
+
+// FuzzPromptHead: whatever the body, the head is a prefix of the prompt's
+// value and parsing agrees with ModelOf.
+func FuzzPromptHead(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"\u0075ser"},{"role":["user"]},1,"x"]}`))
+	f.Add([]byte(`{"model":"m","prompt":[1,2,3]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		m1, err1 := ModelOf(body)
+		m2, head, err2 := parseRequest(body)
+		if m1 != m2 || err1 != err2 {
+			t.Fatalf("parseRequest (%q, %v) disagrees with ModelOf (%q, %v)", m2, err2, m1, err1)
+		}
+		if head != nil && !bytes.Contains(body, head) {
+			t.Fatalf("head %q is not part of the body", head)
+		}
+	})
+}

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/grid-inference/grid/internal/affinity"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
@@ -288,7 +289,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	model := r.Header.Get(headerModel)
-	bodyModel, err := ModelOf(body)
+	bodyModel, prompt, err := parseRequest(body)
 	var bad *apiError
 	switch err {
 	case errInvalidJSON:
@@ -319,6 +320,10 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		errHopForbidden.write(w, 0)
 		return
 	}
+	var boundProvider string
+	if hop {
+		boundProvider = r.Header.Get(headerBoundProvider)
+	}
 	stripInternal(r.Header)
 	turn := g.turn.Add(1)
 	snap, refusal := g.freshSnapshot(r.Context(), hop)
@@ -330,7 +335,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		refusal.write(w, turn)
 		return
 	}
-	pick := snap.Pick(model, turn, g.timeline.NowMs(), g.own)
+	pick, sess := g.pick(r, snap, model, prompt, turn, hop, boundProvider)
 	if pick.Candidate == nil {
 		if pick.Outcome != route.Shed {
 			notDelivered(w, hop)
@@ -338,7 +343,9 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		outcome = g.refusePick(w, pick.Outcome, turn)
 		return
 	}
-	outcome = g.proxy(w, r, body, snap, model, pick, turn, hop)
+	var served affinity.Binding
+	outcome, served = g.proxy(w, r, body, snap, model, pick, turn, hop)
+	g.bind(sess, pick, served)
 }
 
 // readBody reads the request body whole, bounded in size, in time (under a
@@ -423,7 +430,7 @@ const (
 // down. It returns the request's outcome label. A request that came over
 // the hop and could not be delivered says so (headerNotDelivered), so the
 // entry gateway tries elsewhere as it would for a refused connection.
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) string {
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) (string, affinity.Binding) {
 	for try := 0; try < 2; try++ {
 		c := pick.Candidate
 		reason := "routed"
@@ -435,13 +442,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		var ans answer
+		ans := answer{bound: pick.Path == route.PathSession}
 		switch g.forward(w, r, body, c, began, &ans) {
 		case delivered:
 			g.observeService(began, &ans, pick.Room)
-			return "routed"
+			return "routed", affinity.Binding{Site: c.Site, Provider: ans.provider}
 		case failed:
-			return "upstream_error"
+			return "upstream_error", affinity.Binding{}
 		}
 		g.m.retries.Inc()
 		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, c)}
@@ -451,7 +458,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 	}
 	notDelivered(w, hop)
 	errUpstreamUnreachable.write(w, turn)
-	return "upstream_error"
+	return "upstream_error", affinity.Binding{}
 }
 
 // notDelivered marks the answer to a hop request that reached none of this
@@ -506,8 +513,15 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 // answer is what forward saw of an upstream's answer; the handler's
 // goroutine only (the proxy copies the body on it).
 type answer struct {
+	// bound: the attempt carries a session to the provider it is bound
+	// to, which a peer gateway is told (headerBoundProvider). Set by the
+	// caller.
+	bound     bool
 	stream    bool      // text/event-stream
 	firstByte time.Time // the first byte of the body; zero before it
+	// provider is the provider that answered: this site's, or the one a
+	// peer gateway names (headerBackend).
+	provider string
 }
 
 // observeService teaches the age unit (route.ServiceTime) what one
@@ -560,6 +574,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(c.Upstream)
 			pr.SetXForwarded()
+			if ans.bound && !c.Local {
+				pr.Out.Header.Set(headerBoundProvider, c.Provider)
+			}
 			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 			pr.Out.ContentLength = int64(len(body))
 		},
@@ -577,6 +594,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
 			}
+			ans.provider = resp.Header.Get(headerBackend)
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied; its first byte is the time to
 			// first token the dashboard shows.

@@ -85,6 +85,13 @@ func (e *entry) push(row *signals.Aged, at, windowMs int64) {
 	if row.Name == signals.Info {
 		if m, _ := row.Label(signals.LabelModel); at >= e.infoAt {
 			e.model, e.infoAt = m, at
+			a, _ := row.Label(signals.LabelAdmission)
+			var known bool
+			if e.admission, known = signals.ParseAdmission(a); !known {
+				// A value this gateway does not know (a newer peer's)
+				// takes no new request: the conservative reading.
+				e.admission = signals.AdmitExistingOnly
+			}
 		}
 	}
 	ser := e.series[row.Name]

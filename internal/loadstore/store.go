@@ -121,8 +121,10 @@ type entry struct {
 	// batch (math.MinInt64 for the first identity seen); samples before it
 	// came from an earlier identity.
 	identityAt int64
-	// model is what grid_provider_info says the provider serves.
-	model string
+	// model is what grid_provider_info says the provider serves, and
+	// admission which requests it takes.
+	model     string
+	admission signals.Admission
 	// infoAt is the timeline instant of the latest info row.
 	infoAt int64
 	// newestAt is the timeline instant of the newest row stored.
@@ -198,6 +200,8 @@ type View struct {
 	// must not teach capacity.
 	IdentitySince int64
 	Model         string
+	// Admission is what the latest info row says the provider takes.
+	Admission signals.Admission
 }
 
 // View returns a copy of a key's series, or false.
@@ -208,7 +212,7 @@ func (s *Store) View(k Key) (View, bool) {
 	if !ok {
 		return View{}, false
 	}
-	v := View{Key: k, Series: make(map[string][]Sample, len(e.series)), Learnable: e.learnable, Generation: e.generation, IdentitySince: e.identityAt, Model: e.model}
+	v := View{Key: k, Series: make(map[string][]Sample, len(e.series)), Learnable: e.learnable, Generation: e.generation, IdentitySince: e.identityAt, Model: e.model, Admission: e.admission}
 	for name, ser := range e.series {
 		v.Series[name] = append([]Sample(nil), ser.samples...)
 	}

@@ -281,8 +281,13 @@ func (o *Operator) conclusions(p *provider, v readiness.Verdict) []signals.Row {
 	if v.Excludes() {
 		ready = 0
 	}
+	info := []signals.Label{{Name: signals.LabelModel, Value: p.cfg.Model}}
+	if a, _ := signals.ParseAdmission(p.cfg.Admission); a != signals.AdmitNewAndExisting {
+		// Sorted: "admission" renders before "model".
+		info = append([]signals.Label{{Name: signals.LabelAdmission, Value: string(a)}}, info...)
+	}
 	rows := []signals.Row{
-		{Name: signals.Info, Labels: []signals.Label{{Name: signals.LabelModel, Value: p.cfg.Model}}, Value: 1},
+		{Name: signals.Info, Labels: info, Value: 1},
 		{Name: signals.Ready, Value: ready},
 	}
 	if c := p.probe.ReadyEndpoints(); c.Known {

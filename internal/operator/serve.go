@@ -281,7 +281,11 @@ func (o *Operator) serveServing(w http.ResponseWriter, r *http.Request) {
 	doc := signals.Serving{Site: cfg.Site, Providers: []signals.ServingProvider{}, Peers: []signals.ServingPeer{},
 		LoadWindowMs: (2*cfg.PeerPollInterval.D() + cfg.ScrapeInterval.D() + cfg.PeerPoll.Timeout.D()).Milliseconds()}
 	for _, p := range cfg.Providers {
-		doc.Providers = append(doc.Providers, signals.ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream})
+		sp := signals.ServingProvider{Name: p.Name, Model: p.Model, Upstream: p.Upstream}
+		if a, _ := signals.ParseAdmission(p.Admission); a != signals.AdmitNewAndExisting {
+			sp.Admission = a
+		}
+		doc.Providers = append(doc.Providers, sp)
 	}
 	for _, p := range o.peers() {
 		doc.Peers = append(doc.Peers, signals.ServingPeer{Site: p.Site, Gateway: p.Gateway, Models: p.Models})

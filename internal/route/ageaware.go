@@ -23,7 +23,6 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 			if c.Admission != NewAndExisting || math.IsNaN(c.Score) || !c.Measured || c.latestAt == 0 {
 				continue
 			}
-			c.readLoad = c.Predicted / c.Ceiling
 			c.interpreted = true
 			group = append(group, i)
 		}

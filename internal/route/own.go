@@ -33,7 +33,7 @@ type OwnSends struct {
 // binding aligns counters with one snapshot's candidates.
 type binding struct {
 	snap     *Snapshot
-	counters []*sendCounter // nil where the candidate was not interpreted
+	counters []*sendCounter // nil where the candidate has no reading
 	prev     *binding       // the binding before, its own prev cleared
 }
 
@@ -42,16 +42,18 @@ func NewOwnSends() *OwnSends {
 	return &OwnSends{byKey: map[loadstore.Key]*sendCounter{}}
 }
 
-// bind gives each interpreted candidate of snap its counter and publishes
-// the binding. It is called before snap is published, so a pick that holds
-// snap always finds it bound.
+// bind gives each candidate of snap with a reading its counter (the
+// age-aware pick's, and affinity's, which may send to an existing-only
+// candidate the pick does not draw) and publishes the binding. It is called
+// before snap is published, so a pick that holds snap always finds it
+// bound.
 func (o *OwnSends) bind(snap *Snapshot) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	b := &binding{snap: snap, counters: make([]*sendCounter, len(snap.Candidates))}
 	for i := range snap.Candidates {
 		c := &snap.Candidates[i]
-		if !c.interpreted {
+		if c.latestAt == 0 {
 			continue
 		}
 		k := c.Key()

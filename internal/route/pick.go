@@ -40,7 +40,7 @@ const (
 )
 
 func (p Path) String() string {
-	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware"}[p]
+	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware", "session", "prefix"}[p]
 }
 
 // Pick is a decision.

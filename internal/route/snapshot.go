@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/grid-inference/grid/internal/loadstore"
+	"github.com/grid-inference/grid/internal/signals"
 )
 
 // Admission says whether a candidate takes new requests.
@@ -19,7 +20,24 @@ const (
 	// Excluded: its latest ready count is zero (or its pool drained) and
 	// no later reading said otherwise.
 	Excluded
+	// ExistingOnly: its operator drains it (signals.AdmitExistingOnly):
+	// the sessions bound to it stay, new requests go elsewhere.
+	ExistingOnly
+	// Closed: its operator takes it out (signals.AdmitNone): nothing goes
+	// there, bound sessions included.
+	Closed
 )
+
+// AdmissionOf is the admission a provider's operator declared.
+func AdmissionOf(a signals.Admission) Admission {
+	switch a {
+	case signals.AdmitExistingOnly:
+		return ExistingOnly
+	case signals.AdmitNone:
+		return Closed
+	}
+	return NewAndExisting
+}
 
 // Tri is a three-valued flag.
 type Tri int8
@@ -69,10 +87,11 @@ type Candidate struct {
 	Active bool
 	// Predicted is the predicted present load over capacity.
 	Predicted float64
-	// interpreted marks a candidate the age-aware policy reads: its
-	// readLoad and latestAt are set.
+	// interpreted marks a candidate the age-aware policy draws new
+	// requests among.
 	interpreted bool
-	// readLoad is the load (in-flight over ceiling) at the latest reading.
+	// readLoad is the load (in-flight over ceiling) at the latest reading,
+	// set with latestAt.
 	readLoad float64
 	// latestAt is the timeline instant of the candidate's latest reading.
 	latestAt int64
@@ -315,7 +334,7 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 		b.learn(c, &view, r, lr, lrecent, now, set)
 	}
 	switch {
-	case c.Admission != NewAndExisting:
+	case c.Admission == Excluded || c.Admission == Closed:
 		c.Score = math.NaN()
 	case r.Queued.OK:
 		c.Score = r.Queued.V
@@ -349,6 +368,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	if r.LatestInFlight.OK {
 		c.latestAt = r.LatestAt
 		c.Predicted = r.LatestInFlight.V // interpreted against its age later
+		c.readLoad = r.LatestInFlight.V / effective
 		if r.CongestedSince.OK {
 			c.backlogMs = r.LatestAt - int64(r.CongestedSince.V)
 		}

@@ -133,3 +133,34 @@ func appendEscaped(b []byte, s string) []byte {
 	}
 	return b
 }
+
+// LabelAdmission carries a provider's admission on its Info row, absent
+// when it takes every request (docs/protocol.md §2.2), so a provider that
+// sets none renders the rows an older peer expects.
+const LabelAdmission = "admission"
+
+// Admission says which requests a provider takes. Its operator's
+// configuration sets it; the Info row relays it to every gateway.
+type Admission string
+
+// Admissions, named as the reference's candidate list names them.
+const (
+	// AdmitNewAndExisting takes every request: the default.
+	AdmitNewAndExisting Admission = "new_and_existing"
+	// AdmitExistingOnly keeps serving the sessions bound to it and takes
+	// no new one: a site draining gracefully.
+	AdmitExistingOnly Admission = "existing_only"
+	// AdmitNone takes nothing, bound sessions included.
+	AdmitNone Admission = "none"
+)
+
+// ParseAdmission reads an admission; "" is the default.
+func ParseAdmission(s string) (Admission, bool) {
+	switch a := Admission(s); a {
+	case "", AdmitNewAndExisting:
+		return AdmitNewAndExisting, true
+	case AdmitExistingOnly, AdmitNone:
+		return a, true
+	}
+	return "", false
+}

@@ -117,6 +117,8 @@ type ServingProvider struct {
 	Name     string `json:"name"`
 	Model    string `json:"model"`
 	Upstream string `json:"upstream"`
+	// Admission is absent when the provider takes every request.
+	Admission Admission `json:"admission,omitempty"`
 }
 
 // ServingPeer is where a peer site's gateway takes forwarded requests, and

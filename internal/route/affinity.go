@@ -1,0 +1,154 @@
+package route
+
+import "math"
+
+// Affinity: a request that carries a session or a prompt prefix prefers the
+// site whose engines hold its KV cache (docs/routing.md, affinity). The
+// gateway keeps the session table; the snapshot decides whether a bound or
+// preferred candidate may take the request now, reading its load as the
+// pick does.
+
+// Verdict is what the snapshot says of a bound session's candidate.
+type Verdict uint8
+
+// Verdicts.
+const (
+	// Kept: the request goes to its bound candidate.
+	Kept Verdict = iota
+	// Gone: the candidate is no longer there, takes nothing (Closed),
+	// is unready or demoted, or cannot be reached.
+	Gone
+	// Saturated: its load read at the pick is at or above the threshold.
+	Saturated
+)
+
+// PathSession and PathPrefix are the selection paths of affinity.
+const (
+	PathSession Path = PathAgeAware + 1 + iota
+	PathPrefix
+)
+
+// loadAt reads candidate i's load (in-flight over its ceiling) at nowMs as
+// the pick does: under the age-aware policy its latest reading drained
+// through its age, plus this gateway's own sends to it still in flight;
+// under the reference its raw saturation. Unmeasured, it reads 0.
+func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board, load float64) {
+	c := &s.Candidates[i]
+	switch {
+	case s.ageAware && c.latestAt != 0:
+		board = drain(c.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/s.meanMs)
+		load = board
+		if counters != nil && counters[i] != nil {
+			load += counters[i].inFlight(nowMs, s.meanMs, board, c.Ceiling) / c.Ceiling
+		}
+		return board, load
+	case c.Measured:
+		return c.RawRho, c.RawRho
+	}
+	return 0, 0
+}
+
+// Keep decides whether a request for model bound to (site, provider) goes
+// there at nowMs: the candidate must serve the model, admit existing
+// sessions (NewAndExisting or ExistingOnly), be healthy and reachable, and
+// read below threshold. Shedding is the caller's to check first. A kept
+// request counts as one of this gateway's own sends. It allocates nothing.
+func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold float64, own *OwnSends) (Pick, Verdict) {
+	for _, i := range s.byModel[model] {
+		c := &s.Candidates[i]
+		if c.Site != site || c.Provider != provider {
+			continue
+		}
+		if (c.Admission != NewAndExisting && c.Admission != ExistingOnly) || math.IsNaN(c.Score) || c.Upstream == nil {
+			return Pick{}, Gone
+		}
+		counters := own.countersFor(s)
+		board, load := s.loadAt(i, nowMs, counters)
+		if load >= threshold {
+			return Pick{}, Saturated
+		}
+		if s.ageAware && counters != nil && counters[i] != nil {
+			counters[i].add(nowMs, s.meanMs, board, c.Ceiling)
+		}
+		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: load*c.Ceiling+1 <= c.Ceiling+1e-9}, Kept
+	}
+	return Pick{}, Gone
+}
+
+// PrefixBalance is the bounded-loads slack of prefix affinity: a preferred
+// candidate takes the request only while its load is at most 1 + this
+// times the mean load of the model's candidates (plus one request), so no
+// hot prefix drowns a site (Mirrokni, Thorup and Zadimoghaddam, 2018).
+const PrefixBalance = 0.25
+
+// Prefer maps a prompt prefix's hash to a candidate for model by weighted
+// rendezvous hashing (each candidate's draw from the hash and its identity,
+// weighted by its ceiling: consistent, since a candidate leaving moves only
+// its own prefixes, and proportional to capacity), taking the first in the
+// prefix's order that admits new requests, is healthy, reads below
+// threshold and within the bounded-loads slack of the mean. It returns
+// false when none does: the preference yields to the normal pick. A
+// preferred request counts as one of this gateway's own sends. It
+// allocates nothing.
+func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold float64, own *OwnSends) (Pick, bool) {
+	if s.Shedding[model] {
+		return Pick{}, false
+	}
+	counters := own.countersFor(s)
+	var group [MaxSites]int32
+	var boards, loads [MaxSites]float64
+	n := 0
+	var sum, weights float64
+	for _, i := range s.byModel[model] {
+		c := &s.Candidates[i]
+		if c.Admission != NewAndExisting || math.IsNaN(c.Score) || c.Upstream == nil || n == MaxSites {
+			continue
+		}
+		group[n] = i
+		boards[n], loads[n] = s.loadAt(i, nowMs, counters)
+		w := capacityOr1(c)
+		sum += loads[n] * w
+		weights += w
+		n++
+	}
+	if n == 0 {
+		return Pick{}, false
+	}
+	mean := sum / weights
+	best, bestScore := -1, math.Inf(1)
+	for k, i := range group[:n] {
+		c := &s.Candidates[i]
+		w := capacityOr1(c)
+		if loads[k] >= threshold || loads[k] > (1+PrefixBalance)*mean+1/w {
+			continue
+		}
+		// Weighted rendezvous: -ln(u)/w is exponential with rate w, so the
+		// least over candidates falls on each in proportion to its weight.
+		score := -math.Log(unit(hash^identityHash(c), salt0)+0x1p-60) / w
+		if score < bestScore {
+			best, bestScore = k, score
+		}
+	}
+	if best < 0 {
+		return Pick{}, false
+	}
+	i := group[best]
+	c := &s.Candidates[i]
+	if s.ageAware && counters != nil && counters[i] != nil {
+		counters[i].add(nowMs, s.meanMs, boards[best], c.Ceiling)
+	}
+	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: loads[best]*c.Ceiling+1 <= c.Ceiling+1e-9}, true
+}
+
+// identityHash is FNV-1a of a candidate's site and provider: its stable
+// place in every prefix's rendezvous order.
+func identityHash(c *Candidate) uint64 {
+	h := uint64(14695981039346656037)
+	for _, part := range [...]string{c.Site, "/", c.Provider} {
+		for j := 0; j < len(part); j++ {
+			h ^= uint64(part[j])
+			h *= 1099511628211
+		}
+	}
+	return h
+}
