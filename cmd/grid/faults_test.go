@@ -42,6 +42,10 @@ type faultGrid struct {
 	// operator.
 	peerLink map[string]*faultproxy.Proxy
 	timing   faultTiming
+	// gwExtra is appended to every gateway's configuration; providerExtra
+	// to each operator's provider entry (site -> YAML flow keys).
+	gwExtra       string
+	providerExtra map[string]string
 }
 
 // faultTiming is the intervals a fault grid runs at.
@@ -77,9 +81,16 @@ var defaultTimings = faultTiming{scrape: "1s", stale: "15s", peerTTL: "120s", pe
 func startFaultGrid(t *testing.T) *faultGrid { return startFaultGridAt(t, faultTimings) }
 
 func startFaultGridAt(t *testing.T, timing faultTiming) *faultGrid {
+	return startFaultGridWith(t, timing, "")
+}
+
+// startFaultGridWith starts a fault grid whose gateways' configurations
+// end with gwExtra.
+func startFaultGridWith(t *testing.T, timing faultTiming, gwExtra string) *faultGrid {
 	t.Helper()
 	dir := t.TempDir()
-	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}, timing: timing}
+	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}, timing: timing,
+		gwExtra: gwExtra, providerExtra: map[string]string{}}
 	for _, args := range [][]string{
 		{"certs", "init", "--dir", g.certs},
 		{"certs", "issue", "--dir", g.certs, "--site", "east"},
@@ -141,9 +152,10 @@ peerPoll: {ttl: %[8]s, timeout: %[15]s, budget: %[16]s}
 peers:
   - {site: %[9]s, signals: "https://%[10]s", gateway: "https://%[11]s"}
 providers:
-  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: epp, upstream: "http://%[12]s", metrics: {endpoint: "http://%[13]s", staleAfter: %[14]s}}
+  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: epp, upstream: "http://%[12]s", metrics: {endpoint: "http://%[13]s", staleAfter: %[14]s}%[17]s}
 `, s.name, tlsBlock, s.signals, s.opMetrics, filepath.Join(g.dir, "state-"+s.name), g.timing.scrape, g.timing.peerPoll, g.timing.peerTTL,
-		s.peer, g.peerLink[s.name].Addr(), g.sites[s.peer].hop, s.simAddr, s.metricsLink.Addr(), g.timing.stale, g.timing.peerTimeout, g.timing.peerBudget)
+		s.peer, g.peerLink[s.name].Addr(), g.sites[s.peer].hop, s.simAddr, s.metricsLink.Addr(), g.timing.stale, g.timing.peerTimeout, g.timing.peerBudget,
+		g.providerExtra[s.name])
 	s.opConfig = filepath.Join(g.dir, s.name+"-operator.yaml")
 	os.WriteFile(s.opConfig, []byte(op), 0o600)
 	gw := fmt.Sprintf(`site: %[1]s
@@ -154,7 +166,8 @@ metrics: {listen: %[5]q}
 operator: {signals: "https://%[6]s"}
 pollInterval: %[7]s
 limits: {bodyBytes: 8388608}
-`, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, g.timing.gwPoll)
+%[8]s
+`, s.name, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals, g.timing.gwPoll, g.gwExtra)
 	s.gwConfig = filepath.Join(g.dir, s.name+"-gateway.yaml")
 	os.WriteFile(s.gwConfig, []byte(gw), 0o600)
 }

@@ -112,6 +112,9 @@ var (
 		}
 		return out
 	}()
+	admissionDesc = prometheus.NewDesc("grid_provider_admission",
+		"Which requests the provider takes, from its info row: 1 on the series of its admission (new_and_existing, existing_only, none).",
+		[]string{signals.LabelSite, signals.LabelProvider, signals.LabelAdmission}, nil)
 	verdictDesc = prometheus.NewDesc("grid_provider_readiness",
 		"The provider's current readiness verdict: 1 on the series of its reason and status.",
 		[]string{signals.LabelSite, signals.LabelProvider, "reason", "status"}, nil)
@@ -133,6 +136,7 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- verdictDesc
+	ch <- admissionDesc
 	for _, d := range engineDescs {
 		ch <- d
 	}
@@ -147,12 +151,21 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range entries {
 		for i := range e.Rows {
 			row := &e.Rows[i]
+			site, _ := row.Label(signals.LabelSite)
+			prov, _ := row.Label(signals.LabelProvider)
+			if row.Name == signals.Info && !seen[[3]string{row.Name, site, prov}] {
+				seen[[3]string{row.Name, site, prov}] = true
+				a, _ := row.Label(signals.LabelAdmission)
+				if admission, known := signals.ParseAdmission(a); known {
+					a = string(admission)
+				}
+				ch <- prometheus.MustNewConstMetric(admissionDesc, prometheus.GaugeValue, 1, site, prov, a)
+				continue
+			}
 			d, ok := providerDescs[row.Name]
 			if !ok {
 				continue
 			}
-			site, _ := row.Label(signals.LabelSite)
-			prov, _ := row.Label(signals.LabelProvider)
 			key := [3]string{row.Name, site, prov}
 			if seen[key] { // the first holder wins
 				continue

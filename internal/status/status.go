@@ -23,6 +23,7 @@ type providerRow struct {
 	site, provider         string
 	ready, endpoints, load *float64
 	reason                 string
+	admission              string
 }
 
 // routeRow is what a gateway believes of one site's provider.
@@ -50,7 +51,7 @@ type Report struct {
 var wanted = expo.NewNameSet(signals.Ready, signals.ReadyEndpoints, signals.InFlight,
 	"grid_provider_readiness", "grid_collection_up", "grid_peer_last_success_timestamp_seconds", "grid_peer_ages_rejected",
 	"grid_gateway_ages_rejected", "grid_route_site_rho", "grid_route_site_ceiling", "grid_route_site_weight",
-	"grid_route_site_score", "grid_route_decisions_total", "grid_route_shedding")
+	"grid_route_site_score", "grid_route_decisions_total", "grid_route_shedding", "grid_provider_admission")
 
 // Parse reads a /metrics page.
 func Parse(body []byte) (*Report, error) {
@@ -100,6 +101,8 @@ func Parse(body []byte) (*Report, error) {
 			}
 		case "grid_provider_readiness":
 			r.provider(label(signals.LabelSite), label(signals.LabelProvider)).reason = label("reason")
+		case "grid_provider_admission":
+			r.provider(label(signals.LabelSite), label(signals.LabelProvider)).admission = label(signals.LabelAdmission)
 		default:
 			pr := r.provider(label(signals.LabelSite), label(signals.LabelProvider))
 			switch name {
@@ -171,13 +174,13 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	fmt.Fprintln(tw, "SITE\tPROVIDER\tREADY\tENDPOINTS\tIN-FLIGHT\tVERDICT")
+	fmt.Fprintln(tw, "SITE\tPROVIDER\tREADY\tADMITS\tENDPOINTS\tIN-FLIGHT\tVERDICT")
 	for _, p := range inKeyOrder(r.providers) {
 		ready := "-"
 		if p.ready != nil {
 			ready = map[bool]string{true: "yes", false: "no"}[*p.ready == 1]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", dash(p.site), p.provider, ready, num(p.endpoints), num(p.load), dash(p.reason))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(p.site), p.provider, ready, admits(p.admission), num(p.endpoints), num(p.load), dash(p.reason))
 	}
 	if len(r.peers) > 0 {
 		fmt.Fprintln(tw, "\nPEER\tPOLL\tLAST OK\tAGES")
@@ -227,4 +230,18 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// admits names a provider's admission in a column: all (new and existing
+// requests), existing (bound sessions only: draining), none; - unknown.
+func admits(a string) string {
+	switch signals.Admission(a) {
+	case signals.AdmitNewAndExisting:
+		return "all"
+	case signals.AdmitExistingOnly:
+		return "existing"
+	case signals.AdmitNone:
+		return "none"
+	}
+	return dash(a)
 }

@@ -37,6 +37,8 @@ grid_provider_ready_endpoints{grid_provider="east-pool",grid_site="east"} 2
 grid_provider_in_flight_requests{grid_provider="east-pool",grid_site="east"} 7
 grid_provider_ready{grid_provider="west-pool",grid_site="west"} 0
 grid_provider_readiness{grid_provider="east-pool",grid_site="east",reason="Ready",status="True"} 1
+grid_provider_admission{admission="new_and_existing",grid_provider="east-pool",grid_site="east"} 1
+grid_provider_admission{admission="existing_only",grid_provider="west-pool",grid_site="west"} 1
 grid_collection_up{peer="west"} 1
 grid_peer_last_success_timestamp_seconds{peer="west"} 1000
 grid_peer_ages_rejected{peer="west"} 1
