@@ -30,10 +30,15 @@ type Engine struct {
 	queue   []*ticket
 	kvUsed  int
 	// waitingTokens is the prompt tokens of queued requests (SGLang's
-	// num_waiting_uncached_tokens; the sim has no prefix cache).
+	// num_waiting_uncached_tokens, counted whole: a queued prompt's cache
+	// hits are known only once it runs).
 	waitingTokens int
 	stats         engineStats
 	gen           rateWindow // generated tokens, for gen_throughput
+	// cache is the engine's prefix cache (nil: none); cacheQueries and
+	// cacheHits count prompt tokens looked up and found in it.
+	cache                   *prefixCache
+	cacheQueries, cacheHits int64
 }
 
 type ticket struct {
@@ -59,6 +64,18 @@ type Load struct {
 	WaitingTokens int
 	// GenThroughput is generated tokens per second over the last few seconds.
 	GenThroughput float64
+	// CacheQueries and CacheHits are the prompt tokens looked up in the
+	// prefix cache and found there, since the engine started.
+	CacheQueries, CacheHits int64
+}
+
+// CacheHitRate is the prefix cache's hit rate since the start, 0 without
+// queries.
+func (l Load) CacheHitRate() float64 {
+	if l.CacheQueries == 0 {
+		return 0
+	}
+	return float64(l.CacheHits) / float64(l.CacheQueries)
 }
 
 // KVUsage is the fraction of the KV cache in use, 0..1.
@@ -81,7 +98,26 @@ func (e *Engine) Load() Load {
 		KVCapacity:    e.slots * kvTokensPerSlot,
 		WaitingTokens: e.waitingTokens,
 		GenThroughput: e.gen.rate(e.clk.Now()),
+		CacheQueries:  e.cacheQueries,
+		CacheHits:     e.cacheHits,
 	}
+}
+
+// prefill looks a job's prompt up in the prefix cache, caches it, and
+// returns its prefill time: ttft plus perToken for each prompt token not
+// cached.
+func (e *Engine) prefill(j job, ttft, perToken time.Duration) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cached := 0
+	if e.cache != nil {
+		cached = min(e.cache.admit(j.blocks)*prefixBlockTokens, j.promptTokens)
+	}
+	// Without a cache every prompt is still looked up, and misses, as
+	// vLLM counts with prefix caching on and nothing cached.
+	e.cacheQueries += int64(j.promptTokens)
+	e.cacheHits += int64(cached)
+	return ttft + time.Duration(j.promptTokens-cached)*perToken
 }
 
 // setSlots changes capacity; added slots admit waiting requests at once,
@@ -181,6 +217,8 @@ type job struct {
 	finishReason string
 	// hasSlot is set when flow control already took a slot for the job.
 	hasSlot bool
+	// blocks are the prompt's block hashes, for the prefix cache.
+	blocks []uint64
 }
 
 // timing reports when a served job reached each phase, for the metrics of
@@ -192,10 +230,11 @@ type timing struct {
 	tokens     int
 }
 
-// serve runs j on the engine: wait for a slot, prefill for ttft, then emit one
-// token every tpot. emit is called once per token, in order; an emit error or
-// a cancelled ctx aborts the job and frees its slot.
-func (e *Engine) serve(ctx context.Context, j job, ttft, tpot time.Duration, emit func(i int) error) (timing, error) {
+// serve runs j on the engine: wait for a slot, prefill (ttft, plus perToken
+// for each prompt token its prefix cache does not hold), then emit one token
+// every tpot. emit is called once per token, in order; an emit error or a
+// cancelled ctx aborts the job and frees its slot.
+func (e *Engine) serve(ctx context.Context, j job, ttft, perToken, tpot time.Duration, emit func(i int) error) (timing, error) {
 	arrived := e.clk.Now()
 	var tm timing
 	var queued time.Duration
@@ -211,7 +250,7 @@ func (e *Engine) serve(ctx context.Context, j job, ttft, tpot time.Duration, emi
 	e.holdKV(held)
 	defer func() { e.release(held) }()
 
-	wait := ttft
+	wait := e.prefill(j, ttft, perToken)
 	var last time.Time
 	for i := range j.outputTokens {
 		if err := sleep(ctx, e.clk, wait); err != nil {

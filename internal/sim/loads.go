@@ -237,6 +237,7 @@ func currentRank(i int, l Load, sel map[string]bool) rankCurrent {
 		NumWaitingUncachedTokens: l.WaitingTokens, NumUsedTokens: l.KVUsed,
 		NumTotalTokens: l.KVUsed + l.WaitingTokens, MaxTotalNumTokens: l.KVCapacity,
 		MaxRunningRequests: l.Slots, TokenUsage: round4(l.KVUsage()), GenThroughput: round2(l.GenThroughput),
+		CacheHitRate: round4(l.CacheHitRate()),
 	}
 	if sel["memory"] {
 		// The KV pool size follows the token capacity at 2 bytes × 64 KiB a

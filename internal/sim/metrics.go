@@ -155,15 +155,24 @@ func (s *Sim) vllmFamilies(x *pyExposition, engines []*Engine) {
 		base string
 		v    func(statsData) float64
 	}{
-		{"vllm:prefix_cache_queries", func(d statsData) float64 { return d.promptTokens }},
-		{"vllm:prefix_cache_hits", func(statsData) float64 { return 0 }}, // the sim has no prefix cache
+		{"vllm:prefix_cache_queries", nil},
+		{"vllm:prefix_cache_hits", nil},
 		{"vllm:num_preemptions", func(statsData) float64 { return 0 }},
 		{"vllm:prompt_tokens", func(d statsData) float64 { return d.promptTokens }},
 		{"vllm:generation_tokens", func(d statsData) float64 { return d.genTokens }},
 	}
 	for _, c := range counters {
 		for _, e := range states {
-			x.counter(c.base, e.ls, c.v(e.st), e.since, true)
+			var v float64
+			switch c.base {
+			case "vllm:prefix_cache_queries": // tokens, as vLLM counts them
+				v = float64(e.load.CacheQueries)
+			case "vllm:prefix_cache_hits":
+				v = float64(e.load.CacheHits)
+			default:
+				v = c.v(e.st)
+			}
+			x.counter(c.base, e.ls, v, e.since, true)
 		}
 	}
 	for _, reason := range []string{"stop", "length", "abort"} {
@@ -224,7 +233,7 @@ func (s *Sim) sglangFamilies(x *pyExposition, engines []*Engine) {
 		{"sglang:num_queue_reqs", func(l Load) float64 { return float64(l.Waiting) }},
 		{"sglang:num_grammar_queue_reqs", func(Load) float64 { return 0 }},
 		{"sglang:gen_throughput", func(l Load) float64 { return round2(l.GenThroughput) }},
-		{"sglang:cache_hit_rate", func(Load) float64 { return 0 }},
+		{"sglang:cache_hit_rate", func(l Load) float64 { return round4(l.CacheHitRate()) }},
 		{"sglang:token_usage", func(l Load) float64 { return round4(l.KVUsage()) }},
 		{"sglang:num_used_tokens", func(l Load) float64 { return float64(l.KVUsed) }},
 		{"sglang:max_total_num_tokens", func(l Load) float64 { return float64(l.KVCapacity) }},
@@ -267,7 +276,11 @@ func (s *Sim) sglangFamilies(x *pyExposition, engines []*Engine) {
 	}
 	x.counter("sglang:prompt_tokens", tok, total.promptTokens, 0, false)
 	x.counter("sglang:generation_tokens", tok, total.genTokens, 0, false)
-	x.counter("sglang:cached_tokens", tok, 0, 0, false)
+	var cached float64
+	for _, l := range loads {
+		cached += float64(l.CacheHits)
+	}
+	x.counter("sglang:cached_tokens", tok, cached, 0, false)
 	x.counter("sglang:num_requests", tok, total.requests, 0, false)
 	x.counter("sglang:num_aborted_requests", tok, total.aborted, 0, false)
 }

@@ -128,6 +128,9 @@ func (s *Sim) handleCompletion(api apiKind) http.HandlerFunc {
 		id := fmt.Sprintf("%s-%d", map[apiKind]string{chatAPI: "chatcmpl", completionAPI: "cmpl"}[api], s.nextID.Add(1))
 		created := received.Unix()
 		j := job{promptTokens: prompt, outputTokens: n, finishReason: reason, hasSlot: hasSlot}
+		if s.opts.PrefixCacheTokens > 0 {
+			j.blocks = promptBlocks(req.Messages, req.Prompt)
+		}
 		var text strings.Builder
 		var emit func(i int) error
 		var flusher http.Flusher
@@ -158,7 +161,7 @@ func (s *Sim) handleCompletion(api apiKind) http.HandlerFunc {
 				return nil
 			}
 		}
-		tm, err := e.serve(r.Context(), j, s.opts.TTFT, s.opts.TPOT, emit)
+		tm, err := e.serve(r.Context(), j, s.opts.TTFT, s.opts.PrefillPerToken, s.opts.TPOT, emit)
 		if err != nil {
 			rec.abort()
 			return
@@ -260,7 +263,7 @@ func (s *Sim) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("x-sim-endpoint", e.name)
 	j := job{promptTokens: prompt, outputTokens: 1, finishReason: "stop", hasSlot: hasSlot}
-	if _, err := e.serve(r.Context(), j, s.opts.TTFT, 0, func(int) error { return nil }); err != nil {
+	if _, err := e.serve(r.Context(), j, s.opts.TTFT, s.opts.PrefillPerToken, 0, func(int) error { return nil }); err != nil {
 		return
 	}
 	data := make([]any, len(inputs))

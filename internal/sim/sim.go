@@ -45,6 +45,13 @@ type Options struct {
 	TTFT time.Duration
 	// TPOT is the time per output token after the first.
 	TPOT time.Duration
+	// PrefillPerToken is the prefill time of each prompt token the
+	// engine's prefix cache does not hold, on top of TTFT; 0 makes
+	// prefill TTFT whatever the prompt.
+	PrefillPerToken time.Duration
+	// PrefixCacheTokens sizes each engine's prefix cache (least recently
+	// used blocks of 16 tokens evicted); 0 is no cache.
+	PrefixCacheTokens int
 	// LegacyLoads makes SGLang answer /v1/loads in the pre-May-2026 shape.
 	LegacyLoads bool
 	// MetricsToken, when set, is required as a bearer token on /metrics.
@@ -180,6 +187,7 @@ func New(opts Options) (*Sim, error) {
 
 func (s *Sim) newEngine(i int) *Engine {
 	e := newEngine(s.engineName(i), s.control.Slots, s.clk)
+	e.cache = newPrefixCache(s.opts.PrefixCacheTokens)
 	e.stats.created = s.clk.Now()
 	e.onFree = s.dispatchHeld
 	return e

@@ -787,3 +787,54 @@ func TestEngineLoadUnderRequests(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestPrefixCacheShortensPrefill: a conversation's second turn, resending
+// the first turn's messages and more, finds its leading blocks cached on the
+// engine that served the first: its prefill covers only what is new, and
+// the engine counts the hits as vLLM and SGLang export them.
+func TestPrefixCacheShortensPrefill(t *testing.T) {
+	for _, kind := range []string{KindVLLM, KindSGLang} {
+		t.Run(kind, func(t *testing.T) {
+			s, err := New(Options{Kind: kind, Slots: 4, TTFT: time.Millisecond, TPOT: time.Millisecond,
+				PrefillPerToken: 100 * time.Microsecond, PrefixCacheTokens: 1 << 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+			long := strings.Repeat("a long system prompt that every turn resends; ", 80) // ~940 tokens
+			ttft := func(messages string) time.Duration {
+				body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":2,"messages":%s}`, DefaultModel, messages)
+				start := time.Now()
+				resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				r := bufio.NewReader(resp.Body)
+				if _, err := r.ReadString('\n'); err != nil {
+					t.Fatal(err)
+				}
+				first := time.Since(start)
+				io.Copy(io.Discard, r)
+				return first
+			}
+			turn1 := fmt.Sprintf(`[{"role":"system","content":%q},{"role":"user","content":"hi"}]`, long)
+			turn2 := turn1[:len(turn1)-1] + `,{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]`
+			cold := ttft(turn1)
+			warm := ttft(turn2)
+			if cold < 80*time.Millisecond || warm > cold/3 {
+				t.Errorf("first turn %v (about 94 ms of prefill), second %v: want the second under a third", cold, warm)
+			}
+			l := s.Engines()[0].Load()
+			if l.CacheHits < 900 || l.CacheQueries < 1800 {
+				t.Errorf("cache hits %d of %d tokens queried", l.CacheHits, l.CacheQueries)
+			}
+			_, page := get(t, srv.URL+"/metrics")
+			want := map[string]string{KindVLLM: "vllm:prefix_cache_hits_total", KindSGLang: "sglang:cache_hit_rate"}[kind]
+			if !strings.Contains(string(page), want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		})
+	}
+}
