@@ -199,9 +199,11 @@ const (
 	// holds a conversation longer than that under load.
 	DefaultAffinityTTL = time.Hour
 	MaxAffinityTTL     = 24 * time.Hour
-	// DefaultAffinityThreshold is the reference's prefix-affinity
-	// threshold.
-	DefaultAffinityThreshold = 0.8
+	// DefaultAffinityThreshold: a bound site keeps its session while a
+	// slot is predicted free for it. The reference's 0.8 moved sessions
+	// off small sites that were busy but not full, and every move throws
+	// the cache away (docs/routing.md, affinity, has the measurement).
+	DefaultAffinityThreshold = 1.0
 	// DefaultAffinitySessions and DefaultAffinityBytes bound the table: a
 	// session costs about 200 bytes with a 36-byte key.
 	DefaultAffinitySessions = 100_000

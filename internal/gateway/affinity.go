@@ -84,7 +84,7 @@ func prefixHash(model string, head []byte) uint64 {
 	for i := 0; i < len(model); i++ {
 		h = (h ^ uint64(model[i])) * 1099511628211
 	}
-	h = (h ^ 0) * 1099511628211
+	h *= 1099511628211 // a zero byte between model and prompt
 	for _, b := range head {
 		h = (h ^ uint64(b)) * 1099511628211
 	}

@@ -10,8 +10,8 @@ import (
 )
 
 // The series of docs/protocol.md §5 that Grid exports, with their labels. The
-// three it does not export (prefix affinity, serving-config reloads, model
-// discovery) are named, with the reason, in docs/gateway.md.
+// two it does not export (serving-config reloads, model discovery) are
+// named, with the reason, in docs/gateway.md.
 var (
 	operatorSeries = map[string]string{
 		"grid_provider_ready":                                 "grid_provider,grid_site",
@@ -44,6 +44,8 @@ var (
 		"grid_route_site_ceiling":                     "cluster,site",
 		"grid_route_site_score":                       "cluster,site",
 		"grid_route_shedding":                         "model",
+		"grid_route_affinity_total":                   "outcome",
+		"grid_route_prefix_affinity_total":            "outcome",
 		"grid_signals_poll_total":                     "result",
 		"grid_signals_last_success_timestamp_seconds": "",
 		"grid_signals_response_bytes":                 "",

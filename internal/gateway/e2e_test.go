@@ -31,7 +31,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // listenAny opens a loopback listener and keeps it open until it is
 // served, so no other test can take its port in between.
-func listenAny(t *testing.T) (net.Listener, string) {
+func listenAny(t testing.TB) (net.Listener, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -42,7 +42,7 @@ func listenAny(t *testing.T) (net.Listener, string) {
 }
 
 // serve runs h on ln (over TLS when conf is set) until the test ends.
-func serve(t *testing.T, ln net.Listener, h http.Handler, conf *tls.Config) {
+func serve(t testing.TB, ln net.Listener, h http.Handler, conf *tls.Config) {
 	t.Helper()
 	if conf != nil {
 		ln = tls.NewListener(ln, conf)

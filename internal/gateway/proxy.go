@@ -599,7 +599,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			// only while the body is copied; its first byte is the time to
 			// first token the dashboard shows.
 			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(),
-				failed:    func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
+				failed: func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
 				firstByte: func() {
 					ans.firstByte = g.clk.Now()
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))

@@ -99,8 +99,8 @@ type Candidate struct {
 	// seen to persist by then (0 without a backlog): predict holds it that
 	// much longer before draining it.
 	backlogMs int64
-	Full     Tri
-	Relieved Tri
+	Full      Tri
+	Relieved  Tri
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
 	Learnable bool

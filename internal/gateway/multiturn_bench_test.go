@@ -1,0 +1,303 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/gateway"
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/operator"
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+// BenchmarkMultiTurn measures what affinity saves on multi-turn chats: 500
+// sessions of 8 turns, each turn resending the conversation so far (a
+// system prompt every session shares, a first question of its own, then
+// each answer and a new question), with think time between turns, through
+// a real gateway and operator to three vLLM sims of 4, 8 and 16 slots whose
+// engines cache prompt prefixes (sim.Options.PrefixCacheTokens) and prefill
+// only what they do not hold. Sessions start as a Poisson process at the
+// rate that offers the given load against the uncached service time. It
+// reports the time to first token (p50, p99) the clients saw, the requests
+// completed per second, the engines' prefix-cache hit rate, and how many
+// turns moved site. BENCHMARKS.md has the table and the command:
+//
+//	go test ./internal/gateway -run '^$' -bench MultiTurn -benchtime 1x
+func BenchmarkMultiTurn(b *testing.B) {
+	for _, load := range []float64{0.6, 0.9} {
+		for _, mode := range []string{"none", "session", "prefix"} {
+			b.Run(fmt.Sprintf("load=%.1f/affinity=%s", load, mode), func(b *testing.B) {
+				for range b.N {
+					sessions := 500
+					if os.Getenv("GRID_MULTITURN_SESSIONS") != "" {
+						fmt.Sscan(os.Getenv("GRID_MULTITURN_SESSIONS"), &sessions)
+					}
+					r := runMultiTurn(b, mode, load, sessions, 8)
+					b.ReportMetric(r.ttft[len(r.ttft)/2].Seconds()*1000, "ttft-p50-ms")
+					b.ReportMetric(r.ttft[len(r.ttft)*99/100].Seconds()*1000, "ttft-p99-ms")
+					b.ReportMetric(float64(len(r.ttft))/r.elapsed.Seconds(), "req/s")
+					b.ReportMetric(r.hitRate, "cache-hit-rate")
+					b.ReportMetric(float64(r.moves)/float64(len(r.ttft)), "moved/turn")
+					b.ReportMetric(float64(r.failed), "failed")
+				}
+			})
+		}
+	}
+}
+
+// The workload's shape, in the sim's units (four bytes a token): every
+// session shares a system prompt of 300 tokens and opens with a document of
+// its own (1,500 tokens: a file, retrieved passages); a turn adds a question
+// of 100 tokens and an answer of 64 tokens (about 90 tokens of text when
+// resent), so the eighth turn's prompt is about 3,300 tokens, within an
+// engine's KV per slot. Prefill costs 30 µs a token beyond a fixed 2 ms: a
+// cold 3,300-token prompt takes 100 ms to its first token, one whose
+// conversation is cached the new 190 tokens' 8 ms.
+const (
+	mtSlotsTotal   = 4 + 8 + 16
+	mtTTFT         = 2 * time.Millisecond
+	mtPerToken     = 30 * time.Microsecond
+	mtTPOT         = 2 * time.Millisecond
+	mtOutput       = 64
+	mtAnswerBytes  = 350
+	mtSystemBytes  = 1200 // 300 tokens every session shares
+	mtDocBytes     = 6000 // 1,500 tokens of the session's own
+	mtQuestionSize = 400  // 100 tokens a question
+	mtThink        = 300 * time.Millisecond
+)
+
+type multiTurnResult struct {
+	ttft          []time.Duration // sorted
+	elapsed       time.Duration
+	hitRate       float64
+	moves, failed int
+}
+
+func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) multiTurnResult {
+	b.Helper()
+	affinity := map[string]string{
+		"none":    "",
+		"session": "affinity: {header: X-Session-Id%s}\n",
+		"prefix":  "affinity: {prefix: {enabled: true}%s}\n",
+	}[mode]
+	threshold := ""
+	if v := os.Getenv("GRID_MULTITURN_THRESHOLD"); v != "" {
+		threshold = ", threshold: " + v
+	}
+	if mode != "none" {
+		affinity = fmt.Sprintf(affinity, threshold)
+	}
+	addr, sims, gw := startAffinitySite(b, []int{4, 8, 16}, affinity)
+	// The uncached service time of a mean turn: a prompt of the system, a
+	// first question and half the turns' history, prefilled whole, then the
+	// answer.
+	meanPrompt := float64(mtSystemBytes+mtDocBytes+mtQuestionSize+(turns/2)*(mtQuestionSize+mtAnswerBytes)) / 4
+	service := mtTTFT + time.Duration(meanPrompt)*mtPerToken + (mtOutput-1)*mtTPOT
+	rate := load * mtSlotsTotal / service.Seconds() // requests per second
+	startRate := rate / float64(turns)
+	rng := rand.New(rand.NewPCG(1, 2))
+	system := strings.Repeat("You are a careful assistant for the grid. ", mtSystemBytes/42+1)[:mtSystemBytes]
+
+	var mu sync.Mutex
+	var res multiTurnResult
+	tr := &http.Transport{MaxIdleConnsPerHost: 1024}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	var wg sync.WaitGroup
+	start := time.Now()
+	at := start
+	for s := range sessions {
+		at = at.Add(time.Duration(rng.ExpFloat64() / startRate * float64(time.Second)))
+		thinks := make([]time.Duration, turns)
+		for i := range thinks {
+			thinks[i] = time.Duration(rng.ExpFloat64() * float64(mtThink))
+		}
+		time.Sleep(time.Until(at))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			doc := fmt.Sprintf("Document of session %d. ", s)
+			doc += strings.Repeat(fmt.Sprintf("Passage %d of a document only this session reads. ", s), mtDocBytes/40+1)[:mtDocBytes-len(doc)]
+			messages := []string{fmt.Sprintf(`{"role":"system","content":%q}`, system), fmt.Sprintf(`{"role":"user","content":%q}`, doc)}
+			last := ""
+			for turn := range turns {
+				question := fmt.Sprintf("Session %d, question %d: ", s, turn)
+				question += strings.Repeat("tell me more about routing. ", mtQuestionSize/28+1)[:mtQuestionSize-len(question)]
+				messages = append(messages, fmt.Sprintf(`{"role":"user","content":%q}`, question))
+				body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[%s]}`, sim.DefaultModel, mtOutput, strings.Join(messages, ","))
+				req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if mode == "session" {
+					req.Header.Set("X-Session-Id", fmt.Sprint("session-", s))
+				}
+				ttft, answer, site, err := streamTurn(client, req)
+				mu.Lock()
+				if err != nil {
+					res.failed++
+					mu.Unlock()
+					return
+				}
+				res.ttft = append(res.ttft, ttft)
+				if last != "" && site != last {
+					res.moves++
+				}
+				mu.Unlock()
+				last = site
+				messages = append(messages, fmt.Sprintf(`{"role":"assistant","content":%q}`, answer))
+				time.Sleep(thinks[turn]) // the user reads the answer, then writes
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	slices.Sort(res.ttft)
+	var hits, queries int64
+	for _, s := range sims {
+		l := s.Engines()[0].Load()
+		hits, queries = hits+l.CacheHits, queries+l.CacheQueries
+	}
+	if queries > 0 {
+		res.hitRate = float64(hits) / float64(queries)
+	}
+	if len(res.ttft) == 0 {
+		b.Fatal("no turn completed")
+	}
+	rec := httptest.NewRecorder()
+	gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, l := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(l, "grid_route_affinity_total") || strings.HasPrefix(l, "grid_route_decisions_total") || strings.HasPrefix(l, "grid_route_site_ceiling") {
+			b.Log(l)
+		}
+	}
+	return res
+}
+
+// streamTurn sends one streaming turn and returns its time to first token,
+// the answer's text and the site that served it.
+func streamTurn(c *http.Client, req *http.Request) (time.Duration, string, string, error) {
+	sent := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return 0, "", "", fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var ttft time.Duration
+	var answer strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") || line == "data: [DONE]" {
+			continue
+		}
+		if ttft == 0 {
+			ttft = time.Since(sent)
+		}
+		if i := strings.Index(line, `"content":"`); i >= 0 {
+			rest := line[i+len(`"content":"`):]
+			answer.WriteString(rest[:strings.IndexByte(rest, '"')])
+		}
+	}
+	if ttft == 0 {
+		return 0, "", "", fmt.Errorf("no token: %v", sc.Err())
+	}
+	return ttft, answer.String(), resp.Header.Get("X-Grid-Site") + "/" + resp.Header.Get("X-Grid-Backend"), sc.Err()
+}
+
+// startAffinitySite runs one site: a vLLM sim per entry of slots (one
+// engine each, caching prefixes), an operator scraping them every 100 ms as
+// providers p0, p1, …, and a gateway with the given affinity block. It
+// returns the gateway's client address and the sims.
+func startAffinitySite(tb testing.TB, slots []int, affinity string) (string, []*sim.Sim, *gateway.Gateway) {
+	tb.Helper()
+	dir := tb.TempDir()
+	identity.Init(dir, "grid.internal", time.Now())
+	identity.Issue(dir, "east", nil, time.Now())
+	tlsBlock := fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, "east.crt"), filepath.Join(dir, "east.key"))
+	var sims []*sim.Sim
+	var providers strings.Builder
+	for i, n := range slots {
+		s, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: n, TTFT: mtTTFT, TPOT: mtTPOT, PrefillPerToken: mtPerToken, PrefixCacheTokens: 400_000})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ln, url := listenAny(tb)
+		serve(tb, ln, s.Handler(), nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		tb.Cleanup(func() { cancel(); <-done })
+		sims = append(sims, s)
+		fmt.Fprintf(&providers, "  - {name: p%d, model: %s, kind: vllm, upstream: 'http://%s', metrics: {endpoint: 'http://%s'}}\n", i, sim.DefaultModel, url, url)
+	}
+	signalsLn, signalsAddr := listenAny(tb)
+	opCfg, err := config.ParseOperator("east.yaml", []byte(fmt.Sprintf("site: east\n%sstateDir: %s\nscrapeInterval: 100ms\nproviders:\n%s",
+		tlsBlock, tb.TempDir(), providers.String())))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", "east", nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	op, err := operator.New(opCfg, state, operator.Options{Identity: id})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); op.Run(ctx) }()
+	go func() { defer wg.Done(); op.ServeSignals(ctx, signalsLn, operator.DefaultLimits, time.Second) }()
+	tb.Cleanup(func() { cancel(); wg.Wait(); op.Close() })
+
+	clientLn, clientAddr := listenAny(tb)
+	gwCfg, err := config.ParseGateway("east-gw.yaml", []byte(fmt.Sprintf("site: east\n%soperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
+		tlsBlock, signalsAddr, affinity)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gw, err := gateway.New(gwCfg, gateway.Options{Identity: id})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gctx, gcancel := context.WithCancel(context.Background())
+	gdone := make(chan struct{})
+	go func() { gw.Run(gctx); close(gdone) }()
+	serve(tb, clientLn, gw.ClientHandler(), nil)
+	tb.Cleanup(func() { gcancel(); <-gdone; gw.Close() })
+	// Ready when every provider is measured.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		measured := 0
+		for _, c := range gw.Snapshot().Candidates {
+			if c.Measured {
+				measured++
+			}
+		}
+		if measured == len(slots) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d providers measured after 20 s", measured, len(slots))
+		}
+	}
+	return clientAddr, sims, gw
+}
