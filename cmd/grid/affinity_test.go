@@ -137,15 +137,32 @@ func TestSessionAffinity(t *testing.T) {
 				}
 			}()
 		}
-		defer func() { cancel(); wg.Wait() }()
+		defer func() {
+			cancel()
+			wg.Wait()
+			// The next case starts from idle sites.
+			eventually(t, home+" drains", 15*time.Second, func() bool {
+				return sample(g.metricsOf("east", "gw"), "grid_route_site_rho", `site="`+home+`"`) < 0.5
+			})
+		}()
 		eventually(t, "east's gateway reads "+home+" saturated", 15*time.Second, func() bool {
 			return sample(g.metricsOf("east", "gw"), "grid_route_site_rho", `site="`+home+`"`) >= 0.99
 		})
-		if got := turn(t, entry, "chat-3", 1); got != other {
-			t.Fatalf("with %s saturated the session went to %q, want %s", home, got, other)
+		// The bound site reads saturated, so the turn fails over to the
+		// normal pick, which draws by predicted load: it may still land a
+		// turn on the saturated site (whose queue the age-aware read drains
+		// as the reading ages), and that turn's binding fails over again.
+		// Within three turns the session is on the other site.
+		got := ""
+		for n := 1; n <= 3 && got != other; n++ {
+			got = turn(t, entry, "chat-3", n)
 		}
-		if got := affinity("failover"); got != before+1 {
-			t.Errorf("failovers %v → %v, want one more", before, got)
+		if got != other {
+			g.logRouting(t)
+			t.Fatalf("with %s saturated the session stayed there for three turns", home)
+		}
+		if got := affinity("failover"); got < before+1 {
+			t.Errorf("failovers %v → %v, want at least one more", before, got)
 		}
 	})
 

@@ -71,18 +71,21 @@ func runBench(_ context.Context, args []string, e *env) error {
 	return nil
 }
 
+// positiveInt reads a count of at least 1.
+func positiveInt(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err == nil && n < 1 {
+		err = errors.New("below 1")
+	}
+	return n, err
+}
+
 // benchGrid reads the routing benchmark's flags into a grid, naming the
 // flag of any value it cannot use.
 func benchGrid(sites, loads, gateways, phases, ages, service, scenario, policies string, seeds int, seed uint64, requests int) (routesim.Grid, error) {
 	g := routesim.Grid{Seeds: seeds, Seed: seed, Requests: requests, Scenario: routesim.Change(scenario)}
 	var err error
-	if g.Slots, err = list(sites, "--sites", func(s string) (int, error) {
-		n, err := strconv.Atoi(s)
-		if err == nil && n < 1 {
-			err = errors.New("below 1")
-		}
-		return n, err
-	}); err != nil {
+	if g.Slots, err = list(sites, "--sites", positiveInt); err != nil {
 		return g, err
 	}
 	if g.Loads, err = list(loads, "--load", func(s string) (float64, error) {
@@ -94,13 +97,7 @@ func benchGrid(sites, loads, gateways, phases, ages, service, scenario, policies
 	}); err != nil {
 		return g, err
 	}
-	if g.Gateways, err = list(gateways, "--gateways", func(s string) (int, error) {
-		n, err := strconv.Atoi(s)
-		if err == nil && n < 1 {
-			err = errors.New("below 1")
-		}
-		return n, err
-	}); err != nil {
+	if g.Gateways, err = list(gateways, "--gateways", positiveInt); err != nil {
 		return g, err
 	}
 	if g.Phases, err = list(phases, "--phases", func(s string) (routesim.Phases, error) {
