@@ -40,10 +40,15 @@ type Reading struct {
 	// InFlight is the window-worst of (running + queued) × ready + held,
 	// each instant read together.
 	InFlight Opt
-	// CongestedInFlight is the same, over instants with a backlog only;
-	// LeastCongestedInFlight the least of those: a backlog formed at that
-	// count, so the provider holds at most that many (the hard bound).
-	CongestedInFlight, LeastCongestedInFlight Opt
+	// CongestedInFlight is the same, over instants with a backlog only.
+	CongestedInFlight Opt
+	// LeastCongestedRunning is the least running count (running × ready)
+	// over instants with a backlog: requests waited while that many ran,
+	// so the provider runs at most that many at once (the hard bound). The
+	// in-flight count at those instants includes the backlog, and a site
+	// that herding keeps deep in a queue is never seen congested at a
+	// count near its size.
+	LeastCongestedRunning Opt
 	// LatestInFlight is the in-flight count of the newest joined instant,
 	// and LatestAt that instant: what the age-aware policy starts from.
 	LatestInFlight Opt
@@ -151,8 +156,8 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x
 			}
-			if !r.LeastCongestedInFlight.OK || x.V < r.LeastCongestedInFlight.V {
-				r.LeastCongestedInFlight = x
+			if busy := rn.V * rd.V; !r.LeastCongestedRunning.OK || busy < r.LeastCongestedRunning.V {
+				r.LeastCongestedRunning = some(busy)
 			}
 		}
 	}

@@ -402,7 +402,7 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, se
 		// The demonstrated limit grows back out by the half-life.
 		hard = some(prev.hard.V / decay)
 	}
-	if least := recent.LeastCongestedInFlight; learnable && least.OK && (!hard.OK || least.V < hard.V) {
+	if least := recent.LeastCongestedRunning; learnable && least.OK && least.V >= 1 && (!hard.OK || least.V < hard.V) {
 		hard = least
 	}
 	if hard.OK && taught > hard.V {
