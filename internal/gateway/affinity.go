@@ -100,7 +100,8 @@ func prefixHash(model string, head []byte) uint64 {
 // anything affinity cannot place, by the normal pick. boundProvider is what
 // an entry gateway named on a hop request (headerBoundProvider).
 func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prompt []byte, turn uint64, hop bool, boundProvider string) (route.Pick, session) {
-	a := &g.cfg.Load().Affinity
+	cfg := g.cfg.Load()
+	a := &cfg.Affinity
 	now := g.timeline.NowMs()
 	normal := func() route.Pick { return snap.Pick(model, turn, now, g.own) }
 	if snap.Shedding[model] {
@@ -109,8 +110,7 @@ func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prom
 	if hop {
 		// The entry gateway holds the binding and chose this site.
 		if boundProvider != "" {
-			site := g.cfg.Load().Site
-			if p, v := snap.Keep(model, site, boundProvider, now, *a.Threshold, g.own); v == route.Kept {
+			if p, v := snap.Keep(model, cfg.Site, boundProvider, now, *a.Threshold, g.own); v == route.Kept {
 				return p, session{}
 			}
 		}
