@@ -115,6 +115,10 @@ type Gateway struct {
 	rep       *reporter
 	picks     picks
 	durations route.ServiceTime // the age unit (docs/routing.md)
+	// siteDurations is each site's own pace, under siteDurationsMu; sites
+	// are added as requests reach them and dropped with the topology.
+	siteDurationsMu sync.Mutex
+	siteDurations   map[string]*route.ServiceTime
 	sessions  *affinity.Table   // session affinity's bindings (affinity.go)
 }
 
@@ -599,8 +603,10 @@ func (g *Gateway) refresh() {
 	cfg := g.cfg.Load()
 	set := settings(cfg, g.serving.Load())
 	set.MeanDurationMs = g.durations.MeanMs()
+	base := g.topology()
+	set.SiteMeanMs = g.siteMeans(base)
 	now := g.timeline.NowMs()
-	snap := g.builder.Build(g.store, g.topology(), now, g.health.isDown, set)
+	snap := g.builder.Build(g.store, base, now, g.health.isDown, set)
 	observed := map[string]bool{}
 	for i := range snap.Candidates {
 		c := &snap.Candidates[i]

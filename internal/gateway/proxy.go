@@ -445,7 +445,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		ans := answer{bound: pick.Path == route.PathSession}
 		switch g.forward(w, r, body, c, began, &ans) {
 		case delivered:
-			g.observeService(began, &ans, pick.Room)
+			g.observeService(c.Site, began, &ans, pick.Room)
 			return "routed", affinity.Binding{Site: c.Site, Provider: ans.provider}
 		case failed:
 			return "upstream_error", affinity.Binding{}
@@ -529,14 +529,52 @@ type answer struct {
 // and after it (a request that waited in an engine's queue waited before
 // its first token), a whole answer its duration and whether the pick saw
 // room.
-func (g *Gateway) observeService(began time.Time, ans *answer, room bool) {
+func (g *Gateway) observeService(site string, began time.Time, ans *answer, room bool) {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	end := g.clk.Now()
-	if ans.stream && !ans.firstByte.IsZero() {
-		g.durations.ObserveStream(ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
-		return
+	for _, st := range [...]*route.ServiceTime{&g.durations, g.siteDuration(site)} {
+		if ans.stream && !ans.firstByte.IsZero() {
+			st.ObserveStream(ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
+		} else {
+			st.Observe(ms(end.Sub(began)), room)
+		}
 	}
-	g.durations.Observe(ms(end.Sub(began)), room)
+}
+
+// siteDuration is site's own ServiceTime, made on first use.
+func (g *Gateway) siteDuration(site string) *route.ServiceTime {
+	g.siteDurationsMu.Lock()
+	defer g.siteDurationsMu.Unlock()
+	if g.siteDurations == nil {
+		g.siteDurations = map[string]*route.ServiceTime{}
+	}
+	st := g.siteDurations[site]
+	if st == nil {
+		st = &route.ServiceTime{}
+		g.siteDurations[site] = st
+	}
+	return st
+}
+
+// siteMeans is the pace of every site seen enough of
+// (route.Settings.SiteMeanMs), dropping sites no candidate of base is at.
+func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
+	live := map[string]bool{}
+	for _, c := range base {
+		live[c.Site] = true
+	}
+	g.siteDurationsMu.Lock()
+	defer g.siteDurationsMu.Unlock()
+	out := map[string]float64{}
+	for site, st := range g.siteDurations {
+		switch {
+		case !live[site]:
+			delete(g.siteDurations, site)
+		case st.Settled():
+			out[site] = st.MeanMs()
+		}
+	}
+	return out
 }
 
 // attempt is how one try to deliver a request ended.

@@ -36,10 +36,10 @@ func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board,
 	c := &s.Candidates[i]
 	switch {
 	case s.ageAware && c.latestAt != 0:
-		board = drain(c.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/s.meanMs)
+		board = drain(c.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/c.unitMs)
 		load = board
 		if counters != nil && counters[i] != nil {
-			load += counters[i].inFlight(nowMs, s.meanMs, board, c.Ceiling) / c.Ceiling
+			load += counters[i].inFlight(nowMs, c.unitMs, board, c.Ceiling) / c.Ceiling
 		}
 		return board, load
 	case c.Measured:
@@ -68,7 +68,7 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 			return Pick{}, Saturated
 		}
 		if s.ageAware && counters != nil && counters[i] != nil {
-			counters[i].add(nowMs, s.meanMs, board, c.Ceiling)
+			counters[i].add(nowMs, c.unitMs, board, c.Ceiling)
 		}
 		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: load*c.Ceiling+1 <= c.Ceiling+1e-9}, Kept
 	}
@@ -135,7 +135,7 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 	i := group[best]
 	c := &s.Candidates[i]
 	if s.ageAware && counters != nil && counters[i] != nil {
-		counters[i].add(nowMs, s.meanMs, boards[best], c.Ceiling)
+		counters[i].add(nowMs, c.unitMs, boards[best], c.Ceiling)
 	}
 	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: loads[best]*c.Ceiling+1 <= c.Ceiling+1e-9}, true
 }

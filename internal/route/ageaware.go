@@ -16,6 +16,13 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 		d = 10_000
 	}
 	snap.meanMs = d
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		c.unitMs = d
+		if v := set.SiteMeanMs[c.Site]; v > 0 {
+			c.unitMs = v
+		}
+	}
 	for _, idx := range snap.byModel {
 		group := make([]int32, 0, len(idx))
 		for _, i := range idx {
@@ -54,23 +61,24 @@ func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []
 	// ceiling itself: the explore floor that lifts small sites' weights in
 	// the reference draws would overfill them here (measured in
 	// internal/routesim).
-	var busy, meanAge, capSum float64
+	// rate is the grid's arrivals per ms: each site's busy slots complete
+	// at its own pace.
+	var rate, meanAgeMs, capSum float64
 	for k, i := range group {
 		c := &s.Candidates[i]
 		ageMs := max(nowMs-c.latestAt, 0)
-		age := float64(ageMs) / s.meanMs
-		busy += math.Min(c.readLoad, 1) * c.Ceiling
-		meanAge += age * c.Ceiling
+		rate += math.Min(c.readLoad, 1) * c.Ceiling / c.unitMs
+		meanAgeMs += float64(ageMs) * c.Ceiling
 		capSum += c.Ceiling
 		// A backlog seen to persist across readings is held as long again
 		// before it drains: the unit is this gateway's mean duration, and
 		// a site whose own requests are longer (a batch of long
 		// completions sent to it directly) drains far slower. Its
 		// persistence is the evidence (docs/routing.md).
-		loads[k] = drain(c.readLoad, float64(max(ageMs-c.backlogMs, 0))/s.meanMs)
+		loads[k] = drain(c.readLoad, float64(max(ageMs-c.backlogMs, 0))/c.unitMs)
 		order[k] = int32(k)
 	}
-	arrivals := busy * meanAge / capSum
+	arrivals := rate * meanAgeMs / capSum
 	// Pour the arrivals into the sites from the least loaded up, each
 	// absorbing its capacity per unit of level. Groups are small: an
 	// insertion sort allocates nothing.
@@ -110,8 +118,9 @@ func drain(load, age float64) float64 {
 // pickAgeAware predicts the healthy candidates' loads at nowMs (predict),
 // adds this gateway's own sends still in flight (counters, aligned with
 // s.Candidates; nil reads the board alone), and draws among the candidates
-// below the common level in proportion to the water each would take to
-// reach it: its ceiling times its distance below the level. u is the draw.
+// below the common level in proportion to the flow each would take to
+// reach it: its service rate (serviceRate) times its distance below the
+// level. u is the draw.
 //
 // The draw is by share, not "the least loaded of two": gateway replicas
 // that read one board make one prediction, and a rule that sends each
@@ -119,7 +128,7 @@ func drain(load, age float64) float64 {
 // site, while each sees only its own sends (measured in internal/routesim,
 // phases sync). Drawn by share, K replicas together pour the flow as the
 // water model says. When no candidate is below the level (all at it), the
-// draw is by ceiling. The pick is counted in its counter, the one write of
+// draw is by service rate. The pick is counted in its counter, the one write of
 // the request path. It returns -1 when no healthy candidate was
 // interpreted, and whether the pick saw a free slot.
 func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counters []*sendCounter) (int32, bool) {
@@ -141,7 +150,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counter
 		loads[k] = board[k]
 		if counters != nil {
 			c := &s.Candidates[i]
-			loads[k] += counters[i].inFlight(nowMs, s.meanMs, board[k], c.Ceiling) / c.Ceiling
+			loads[k] += counters[i].inFlight(nowMs, c.unitMs, board[k], c.Ceiling) / c.Ceiling
 		}
 		minLoad = math.Min(minLoad, loads[k])
 	}
@@ -154,7 +163,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counter
 	for k, i := range group[:n] {
 		if loads[k] <= level+1e-9 {
 			active[na], at[na] = i, k
-			share[na] = s.Candidates[i].Ceiling * (level - loads[k])
+			share[na] = serviceRate(&s.Candidates[i]) * (level - loads[k])
 			total += share[na]
 			na++
 		}
@@ -169,15 +178,18 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counter
 			pick++
 		}
 	} else {
-		pick = s.weighted(active[:na], -1, u, ceiling)
+		pick = s.weighted(active[:na], -1, u, serviceRate)
 	}
 	i := active[pick]
 	c := &s.Candidates[i]
 	if counters != nil {
-		counters[i].add(nowMs, s.meanMs, board[at[pick]], c.Ceiling)
+		counters[i].add(nowMs, c.unitMs, board[at[pick]], c.Ceiling)
 	}
 	return i, (loads[at[pick]]*c.Ceiling)+1 <= c.Ceiling+1e-9
 }
 
-// ceiling weighs an active candidate by its learned ceiling.
-func ceiling(c *Candidate) float64 { return c.Ceiling }
+// serviceRate weighs an active candidate by the requests it completes per
+// ms when full: its learned ceiling over its site's mean duration. A site
+// whose requests take four times longer takes a quarter of the share per
+// slot (grid bench routing --scenario slow-site).
+func serviceRate(c *Candidate) float64 { return c.Ceiling / c.unitMs }

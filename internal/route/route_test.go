@@ -654,6 +654,34 @@ func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 	}
 }
 
+// TestSlowSiteDrawsItsRate: two idle sites of 8 slots, one whose requests
+// this gateway has seen take four times longer: the draws follow the rate
+// at which each completes requests, about one in five to the slow site,
+// and its reading is read in its own unit.
+func TestSlowSiteDrawsItsRate(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
+	w.set.SiteMeanMs = map[string]float64{"a": 400, "b": 100}
+	w.publish("a", 1000, obs{running: 8, queue: f(0)})
+	w.publish("b", 1000, obs{running: 8, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 0, queue: f(0)})
+	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	snap := w.build(2000)
+	toA := 0
+	for turn := range uint64(1000) {
+		if snap.Pick("m", turn, 2000, nil).Candidate.Site == "a" {
+			toA++
+		}
+	}
+	if share := float64(toA) / 1000; share < 0.15 || share > 0.25 {
+		t.Errorf("the 4× slower site drew %.3f of requests, want about 0.2", share)
+	}
+	if a, b := find(snap, "a"), find(snap, "b"); a.unitMs != 400 || b.unitMs != 100 {
+		t.Errorf("units %v and %v, want each site's own", a.unitMs, b.unitMs)
+	}
+}
+
 // TestReplicasSharingABoardSpread: gateway replicas that read one board make
 // one prediction; each sees only its own sends. One mean duration after the
 // readings (a at 90% of its capacity, b at 10%), the water model gives a

@@ -104,3 +104,16 @@ func (s *ServiceTime) MeanMs() float64 {
 	}
 	return 10_000
 }
+
+// Settled reports whether a whole window of samples has been seen: enough
+// to stand for one site's pace (Settings.SiteMeanMs).
+func (s *ServiceTime) Settled() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.windows {
+		if w > 0 {
+			return true
+		}
+	}
+	return false
+}

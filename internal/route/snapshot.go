@@ -95,6 +95,9 @@ type Candidate struct {
 	readLoad float64
 	// latestAt is the timeline instant of the candidate's latest reading.
 	latestAt int64
+	// unitMs is the candidate's mean request duration: its site's own
+	// (Settings.SiteMeanMs), or the snapshot's meanMs.
+	unitMs float64
 	// backlogMs is how long the backlog of the latest reading had been
 	// seen to persist by then (0 without a backlog): predict holds it that
 	// much longer before draining it.
@@ -134,6 +137,11 @@ type Settings struct {
 	// MeanDurationMs is the estimated mean request duration, the unit in
 	// which the age-aware policy reads a reading's age.
 	MeanDurationMs float64
+	// SiteMeanMs is, for the sites this gateway has seen enough of, their
+	// own mean duration: a site's reading drains, and sends to it
+	// complete, at its own pace (docs/routing.md). Others use
+	// MeanDurationMs.
+	SiteMeanMs map[string]float64
 }
 
 // DefaultSettings are the reference defaults with a 5s load window.

@@ -181,6 +181,8 @@ type gateway struct {
 	seq      int64
 	turn     uint64
 	service  route.ServiceTime // the age unit, learned as the gateway does
+	// siteService is each site's own pace, as the gateway learns it.
+	siteService []route.ServiceTime
 }
 
 // Run simulates cfg and returns the mean and p99 time in system.
@@ -219,6 +221,7 @@ func Run(cfg Config) Result {
 		for i := range sites {
 			g.cands = append(g.cands, route.Candidate{Model: "m", Site: fmt.Sprintf("s%02d", i), Provider: "p", Upstream: &url.URL{Host: "x"}})
 		}
+		g.siteService = make([]route.ServiceTime, len(sites))
 		gws[k] = g
 	}
 
@@ -295,6 +298,7 @@ func Run(cfg Config) Result {
 			// starts (no prefill modelled), so the gateway sees the wait
 			// and the service apart.
 			gws[e.req.gw].service.ObserveStream((d-e.req.service)*unit, e.req.service*unit)
+			gws[e.req.gw].siteService[e.site].ObserveStream((d-e.req.service)*unit, e.req.service*unit)
 			for len(s.queue) > 0 && s.running < s.slots {
 				next := s.queue[0]
 				s.queue = s.queue[1:]
@@ -320,6 +324,12 @@ func Run(cfg Config) Result {
 		case rebuild:
 			g := gws[e.gw]
 			set.MeanDurationMs = g.service.MeanMs()
+			set.SiteMeanMs = map[string]float64{}
+			for i := range g.siteService {
+				if st := &g.siteService[i]; st.Settled() {
+					set.SiteMeanMs[g.cands[i].Site] = st.MeanMs()
+				}
+			}
 			g.snap = g.builder.Build(g.store, g.cands, int64(now*unit), nil, set)
 			push(event{at: now + poll, kind: rebuild, gw: e.gw})
 		case swap:
