@@ -119,7 +119,7 @@ type Gateway struct {
 	// are added as requests reach them and dropped with the topology.
 	siteDurationsMu sync.Mutex
 	siteDurations   map[string]*route.ServiceTime
-	sessions  *affinity.Table   // session affinity's bindings (affinity.go)
+	sessions        *affinity.Table // session affinity's bindings (affinity.go)
 }
 
 // New builds a gateway from a validated configuration.
