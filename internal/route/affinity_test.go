@@ -2,15 +2,11 @@ package route
 
 import "testing"
 
-// affinityWorld: sites a (8 slots) and b (24), learned, a reading at 1000.
+// affinityWorld: sites a (8 slots) and b (24), learned, a reading at 2000.
 func affinityWorld(t *testing.T, aRunning float64) *world {
 	w := newWorld(t, "a", "b")
 	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
-	w.publish("a", 500, obs{running: 8, queue: f(0)})
-	w.publish("b", 500, obs{running: 24, queue: f(0)})
-	w.build(500)
-	w.publish("a", 1000, obs{running: aRunning, queue: f(0)})
-	w.publish("b", 1000, obs{running: 0, queue: f(0)})
+	w.teachThenRead(map[string]float64{"a": 8, "b": 24}, map[string]float64{"a": aRunning, "b": 0})
 	return w
 }
 
@@ -34,9 +30,9 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := affinityWorld(t, tc.aRunning)
 			w.cands[0].Admission = tc.admission
-			at := int64(1000)
+			at := int64(2000)
 			if tc.zeroReady {
-				at = 1100
+				at = 2100
 				w.publish("a", at, obs{running: tc.aRunning, zero: true, queue: f(0)})
 			}
 			snap := w.build(at)
@@ -49,14 +45,14 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 			}
 			if tc.admission == ExistingOnly {
 				for turn := range uint64(50) {
-					if c := snap.Pick("m", turn, 1000, nil).Candidate; c.Site == "a" {
+					if c := snap.Pick("m", turn, 2000, nil).Candidate; c.Site == "a" {
 						t.Fatal("an existing-only site drew a new request")
 					}
 				}
 			}
 		})
 	}
-	if _, v := affinityWorld(t, 2).build(1000).Keep("m", "gone", "p", 1000, 0.8, nil); v != Gone {
+	if _, v := affinityWorld(t, 2).build(2000).Keep("m", "gone", "p", 2000, 0.8, nil); v != Gone {
 		t.Errorf("a site no longer in the snapshot: verdict %d, want Gone", v)
 	}
 }
@@ -65,10 +61,10 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 // this gateway's own sends take it past the threshold, the rest fail over.
 func TestKeepCountsOwnSends(t *testing.T) {
 	w := affinityWorld(t, 0)
-	snap := w.build(1000)
+	snap := w.build(2000)
 	kept := 0
 	for range 20 {
-		if _, v := snap.Keep("m", "a", "p", 1000, 0.8, w.own); v == Kept {
+		if _, v := snap.Keep("m", "a", "p", 2000, 0.8, w.own); v == Kept {
 			kept++
 		}
 	}
@@ -83,9 +79,9 @@ func TestKeepCountsOwnSends(t *testing.T) {
 // prefixes to the other; removing a site moves only its own prefixes.
 func TestPreferIsConsistentAndWeighted(t *testing.T) {
 	w := affinityWorld(t, 0)
-	snap := w.build(1000)
+	snap := w.build(2000)
 	where := func(s *Snapshot, h uint64) string {
-		p, ok := s.Prefer("m", h, 1000, 0.8, nil)
+		p, ok := s.Prefer("m", h, 2000, 0.8, nil)
 		if !ok {
 			return ""
 		}
@@ -109,7 +105,7 @@ func TestPreferIsConsistentAndWeighted(t *testing.T) {
 		t.Errorf("a (8 of 32 slots) preferred for %.3f of prefixes, want about 0.25", share)
 	}
 	// a read busy: its prefixes yield to b.
-	busy := affinityWorld(t, 7).build(1000)
+	busy := affinityWorld(t, 7).build(2000)
 	for h, site := range first {
 		if got := where(busy, h); got != "b" {
 			t.Fatalf("prefix of %s with a at 7/8: went to %q, want b", site, got)
@@ -117,7 +113,7 @@ func TestPreferIsConsistentAndWeighted(t *testing.T) {
 	}
 	// a closed: b's prefixes stay on b.
 	w.cands[0].Admission = Closed
-	closed := w.build(1000)
+	closed := w.build(2000)
 	for h, site := range first {
 		if site == "b" && where(closed, h) != "b" {
 			t.Fatal("a prefix of b moved when a left")
@@ -130,17 +126,17 @@ func TestPreferIsConsistentAndWeighted(t *testing.T) {
 // threshold, the preference yields.
 func TestPreferBoundsLoad(t *testing.T) {
 	w := affinityWorld(t, 0)
-	snap := w.build(1000)
+	snap := w.build(2000)
 	var hot uint64
 	for h := uint64(1); ; h++ {
-		if p, _ := snap.Prefer("m", h, 1000, 0.8, nil); p.Candidate.Site == "a" {
+		if p, _ := snap.Prefer("m", h, 2000, 0.8, nil); p.Candidate.Site == "a" {
 			hot = h
 			break
 		}
 	}
 	toA := 0
 	for range 40 {
-		if p, ok := snap.Prefer("m", hot, 1000, 0.8, w.own); ok && p.Candidate.Site == "a" {
+		if p, ok := snap.Prefer("m", hot, 2000, 0.8, w.own); ok && p.Candidate.Site == "a" {
 			toA++
 		}
 	}
@@ -152,12 +148,12 @@ func TestPreferBoundsLoad(t *testing.T) {
 // TestAffinityAllocatesNothing: Keep and Prefer run on the request path.
 func TestAffinityAllocatesNothing(t *testing.T) {
 	w := affinityWorld(t, 2)
-	snap := w.build(1000)
+	snap := w.build(2000)
 	h := uint64(0)
-	if n := testing.AllocsPerRun(1000, func() { snap.Keep("m", "b", "p", 1000, 0.8, w.own) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { snap.Keep("m", "b", "p", 2000, 0.8, w.own) }); n != 0 {
 		t.Errorf("Keep: %v allocations", n)
 	}
-	if n := testing.AllocsPerRun(1000, func() { h++; snap.Prefer("m", h, 1000, 0.8, w.own) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { h++; snap.Prefer("m", h, 2000, 0.8, w.own) }); n != 0 {
 		t.Errorf("Prefer: %v allocations", n)
 	}
 }

@@ -382,11 +382,7 @@ func TestSelectionProperties(t *testing.T) {
 	t.Run("two sites keep at least 10% for the slower", func(t *testing.T) {
 		w := newWorld(t, "a", "b")
 		w.set.Smoothing, w.set.CeilingFloor = 1, 1
-		w.publish("a", 1000, obs{running: 100, queue: f(0)})
-		w.publish("b", 1000, obs{running: 10, queue: f(0)})
-		w.build(1000)
-		w.publish("a", 2000, obs{running: 0, queue: f(0)})
-		w.publish("b", 2000, obs{running: 9, queue: f(0)})
+		w.teachThenRead(map[string]float64{"a": 100, "b": 10}, map[string]float64{"a": 0, "b": 9})
 		snap := w.build(2000)
 		b := 0
 		for turn := range uint64(4000) {
@@ -559,17 +555,27 @@ func TestRestrictKeepsThePolicy(t *testing.T) {
 	}
 }
 
+// teachThenRead has each site of taught hold that many requests with
+// nothing queued at 1000 ms (teaching its capacity), builds, and has each
+// site of read report that many in flight at 2000 ms.
+func (w *world) teachThenRead(taught, read map[string]float64) {
+	w.t.Helper()
+	for site, n := range taught {
+		w.publish(site, 1000, obs{running: n, queue: f(0)})
+	}
+	w.build(1000)
+	for site, n := range read {
+		w.publish(site, 2000, obs{running: n, queue: f(0)})
+	}
+}
+
 // busyAndIdle is an age-aware world of two sites that learned a capacity of
 // 40 at 1000 ms and read, at 2000 ms, a at 36 in flight and b at 4; meanMs
 // is the mean request duration.
 func busyAndIdle(t *testing.T, meanMs float64) *world {
 	w := newWorld(t, "a", "b")
 	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, meanMs, 60_000
-	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
-	w.publish("b", 1000, obs{running: 40, queue: f(0)})
-	w.build(1000)
-	w.publish("a", 2000, obs{running: 36, queue: f(0)})
-	w.publish("b", 2000, obs{running: 4, queue: f(0)})
+	w.teachThenRead(map[string]float64{"a": 40, "b": 40}, map[string]float64{"a": 36, "b": 4})
 	return w
 }
 
@@ -662,11 +668,7 @@ func TestSlowSiteDrawsItsRate(t *testing.T) {
 	w := newWorld(t, "a", "b")
 	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
 	w.set.SiteMeanMs = map[string]float64{"a": 400, "b": 100}
-	w.publish("a", 1000, obs{running: 8, queue: f(0)})
-	w.publish("b", 1000, obs{running: 8, queue: f(0)})
-	w.build(1000)
-	w.publish("a", 2000, obs{running: 0, queue: f(0)})
-	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	w.teachThenRead(map[string]float64{"a": 8, "b": 8}, map[string]float64{"a": 0, "b": 0})
 	snap := w.build(2000)
 	toA := 0
 	for turn := range uint64(1000) {
@@ -835,11 +837,7 @@ func TestForgetStartsLearningAfresh(t *testing.T) {
 func TestPickNeverWritesTheSnapshot(t *testing.T) {
 	w := newWorld(t, "a", "b")
 	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
-	w.publish("a", 1000, obs{running: 8, queue: f(0)})
-	w.publish("b", 1000, obs{running: 8, queue: f(0)})
-	w.build(1000)
-	w.publish("a", 2000, obs{running: 0, queue: f(0)})
-	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	w.teachThenRead(map[string]float64{"a": 8, "b": 8}, map[string]float64{"a": 0, "b": 0})
 	snap := w.build(2000)
 	before := append([]Candidate(nil), snap.Candidates...)
 	burst := map[string]int{}
