@@ -36,12 +36,8 @@ func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board,
 	c := &s.Candidates[i]
 	switch {
 	case s.ageAware && c.latestAt != 0:
-		board = drain(c.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/c.unitMs)
-		load = board
-		if counters != nil && counters[i] != nil {
-			load += counters[i].inFlight(nowMs, c.unitMs, board, c.Ceiling) / c.Ceiling
-		}
-		return board, load
+		board = c.boardAt(nowMs)
+		return board, board + ownInFlight(counters, i, c, nowMs, board)
 	case c.Measured:
 		return c.RawRho, c.RawRho
 	}
@@ -67,10 +63,10 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 		if load >= threshold {
 			return Pick{}, Saturated
 		}
-		if s.ageAware && counters != nil && counters[i] != nil {
-			counters[i].add(nowMs, c.unitMs, board, c.Ceiling)
+		if s.ageAware {
+			countSend(counters, i, c, nowMs, board)
 		}
-		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: load*c.Ceiling+1 <= c.Ceiling+1e-9}, Kept
+		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: hasRoom(c, load)}, Kept
 	}
 	return Pick{}, Gone
 }
@@ -134,10 +130,10 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 	}
 	i := group[best]
 	c := &s.Candidates[i]
-	if s.ageAware && counters != nil && counters[i] != nil {
-		counters[i].add(nowMs, c.unitMs, boards[best], c.Ceiling)
+	if s.ageAware {
+		countSend(counters, i, c, nowMs, boards[best])
 	}
-	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: loads[best]*c.Ceiling+1 <= c.Ceiling+1e-9}, true
+	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: hasRoom(c, loads[best])}, true
 }
 
 // identityHash is FNV-1a of a candidate's site and provider: its stable

@@ -49,33 +49,26 @@ func (b *Builder) interpret(snap *Snapshot, now int64, set Settings) {
 // predict reads each candidate of group (interpreted, one model's) through
 // its age at nowMs, writing its predicted load into loads (aligned with
 // group), and returns the common level: each site drains from its reading
-// as its busy slots complete, while the grid's arrivals since the readings
-// flow to the least-loaded sites in proportion to their capacity, raising
-// them together. The sites whose predicted load has reached the level form
-// the active set. On a fresh board the flow goes to the least loaded; on an
-// old one by capacity, which is right when the board says nothing any more. order is scratch of group's length. It allocates
+// as its busy slots complete (boardAt), while the grid's arrivals since the
+// readings flow to the least-loaded sites in proportion to their capacity,
+// raising them together. The sites whose predicted load has reached the
+// level form the active set. On a fresh board the flow goes to the least
+// loaded; on an old one by capacity, which is right when the board says
+// nothing any more. order is scratch of group's length. It allocates
 // nothing, so the request path can call it.
 func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []int32) float64 {
-	// The grid's arrival rate, in requests per mean duration, is what its
-	// busy slots complete in steady state. Capacity here is the learned
-	// ceiling itself: the explore floor that lifts small sites' weights in
-	// the reference draws would overfill them here (measured in
+	// The grid's arrival rate (per ms) is what its busy slots complete in
+	// steady state, each site's at its own pace. Capacity here is the
+	// learned ceiling itself: the explore floor that lifts small sites'
+	// weights in the reference draws would overfill them here (measured in
 	// internal/routesim).
-	// rate is the grid's arrivals per ms: each site's busy slots complete
-	// at its own pace.
 	var rate, meanAgeMs, capSum float64
 	for k, i := range group {
 		c := &s.Candidates[i]
-		ageMs := max(nowMs-c.latestAt, 0)
 		rate += math.Min(c.readLoad, 1) * c.Ceiling / c.unitMs
-		meanAgeMs += float64(ageMs) * c.Ceiling
+		meanAgeMs += float64(max(nowMs-c.latestAt, 0)) * c.Ceiling
 		capSum += c.Ceiling
-		// A backlog seen to persist across readings is held as long again
-		// before it drains: the unit is this gateway's mean duration, and
-		// a site whose own requests are longer (a batch of long
-		// completions sent to it directly) drains far slower. Its
-		// persistence is the evidence (docs/routing.md).
-		loads[k] = drain(c.readLoad, float64(max(ageMs-c.backlogMs, 0))/c.unitMs)
+		loads[k] = c.boardAt(nowMs)
 		order[k] = int32(k)
 	}
 	arrivals := rate * meanAgeMs / capSum
@@ -100,6 +93,37 @@ func (s *Snapshot) predict(group []int32, nowMs int64, loads []float64, order []
 	}
 	return level
 }
+
+// boardAt is the candidate's load (in-flight over its ceiling) at nowMs
+// by its latest reading alone: drained through the reading's age in the
+// site's own unit. A backlog seen to persist across readings is held as
+// long again before it drains: a site whose requests are longer than the
+// unit says (a batch of long completions sent to it directly) drains far
+// slower, and its persistence is the evidence (docs/routing.md).
+func (c *Candidate) boardAt(nowMs int64) float64 {
+	return drain(c.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/c.unitMs)
+}
+
+// ownInFlight is the load this gateway's own sends to candidate i, still in
+// flight at nowMs, add to its board; 0 without counters.
+func ownInFlight(counters []*sendCounter, i int32, c *Candidate, nowMs int64, board float64) float64 {
+	if counters == nil || counters[i] == nil {
+		return 0
+	}
+	return counters[i].inFlight(nowMs, c.unitMs, board, c.Ceiling) / c.Ceiling
+}
+
+// countSend records a send to candidate i as one of this gateway's own,
+// the one write of the request path; nothing without counters.
+func countSend(counters []*sendCounter, i int32, c *Candidate, nowMs int64, board float64) {
+	if counters != nil && counters[i] != nil {
+		counters[i].add(nowMs, c.unitMs, board, c.Ceiling)
+	}
+}
+
+// hasRoom reports whether a candidate read at load (with this gateway's
+// own sends) has a free slot for one more request (Pick.Room).
+func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Ceiling+1e-9 }
 
 // drain predicts a load (in-flight over capacity) age mean durations later
 // with no arrivals: a queue drains at the full service rate, then busy slots
@@ -147,11 +171,7 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counter
 	level := s.predict(group[:n], nowMs, board[:n], order[:n])
 	minLoad := math.Inf(1)
 	for k, i := range group[:n] {
-		loads[k] = board[k]
-		if counters != nil {
-			c := &s.Candidates[i]
-			loads[k] += counters[i].inFlight(nowMs, c.unitMs, board[k], c.Ceiling) / c.Ceiling
-		}
+		loads[k] = board[k] + ownInFlight(counters, i, &s.Candidates[i], nowMs, board[k])
 		minLoad = math.Min(minLoad, loads[k])
 	}
 	level = math.Max(level, minLoad)
@@ -182,10 +202,8 @@ func (s *Snapshot) pickAgeAware(healthy []int32, u float64, nowMs int64, counter
 	}
 	i := active[pick]
 	c := &s.Candidates[i]
-	if counters != nil {
-		counters[i].add(nowMs, c.unitMs, board[at[pick]], c.Ceiling)
-	}
-	return i, (loads[at[pick]]*c.Ceiling)+1 <= c.Ceiling+1e-9
+	countSend(counters, i, c, nowMs, board[at[pick]])
+	return i, hasRoom(c, loads[at[pick]])
 }
 
 // serviceRate weighs an active candidate by the requests it completes per
