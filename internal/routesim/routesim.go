@@ -266,9 +266,20 @@ func Run(cfg Config) Result {
 	}
 	var times []float64
 	arrivals := 0
+	var now float64
+	// startQueued starts site i's queued requests while it has free slots.
+	startQueued := func(i int) {
+		s := &sites[i]
+		for len(s.queue) > 0 && s.running < s.slots {
+			next := s.queue[0]
+			s.queue = s.queue[1:]
+			s.running++
+			push(event{at: now + next.service, kind: departure, site: i, req: next})
+		}
+	}
 	for q.Len() > 0 && len(times) < cfg.Requests {
 		e := heap.Pop(&q).(event)
-		now := e.at
+		now = e.at
 		switch e.kind {
 		case arrival:
 			arrivals++
@@ -297,14 +308,11 @@ func Run(cfg Config) Result {
 			// Every request streams; its first token comes as its service
 			// starts (no prefill modelled), so the gateway sees the wait
 			// and the service apart.
-			gws[e.req.gw].service.ObserveStream((d-e.req.service)*unit, e.req.service*unit)
-			gws[e.req.gw].siteService[e.site].ObserveStream((d-e.req.service)*unit, e.req.service*unit)
-			for len(s.queue) > 0 && s.running < s.slots {
-				next := s.queue[0]
-				s.queue = s.queue[1:]
-				s.running++
-				push(event{at: now + next.service, kind: departure, site: e.site, req: next})
-			}
+			g := gws[e.req.gw]
+			wait, served := (d-e.req.service)*unit, e.req.service*unit
+			g.service.ObserveStream(wait, served)
+			g.siteService[e.site].ObserveStream(wait, served)
+			startQueued(e.site)
 		case refresh:
 			for k, g := range gws {
 				if e.gw >= 0 && k != e.gw {
@@ -337,13 +345,7 @@ func Run(cfg Config) Result {
 				sites[i].slots, sites[j].slots = sites[j].slots, sites[i].slots
 			}
 			for i := range sites {
-				s := &sites[i]
-				for len(s.queue) > 0 && s.running < s.slots {
-					next := s.queue[0]
-					s.queue = s.queue[1:]
-					s.running++
-					push(event{at: now + next.service, kind: departure, site: i, req: next})
-				}
+				startQueued(i)
 			}
 		}
 	}
