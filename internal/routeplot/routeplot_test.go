@@ -39,9 +39,11 @@ func TestSeriesAreTheTable(t *testing.T) {
 // TestWritePNGDrawsEveryPolicy: the PNG has a panel pair per table and
 // every policy's line in its own colour.
 func TestWritePNGDrawsEveryPolicy(t *testing.T) {
-	tables := []routesim.Table{
-		routesim.RunTable(routesim.Scenarios[0], []float64{0.5, 5}, 2000, 1),
-		routesim.RunTable(routesim.Scenarios[1], []float64{0.5, 5}, 2000, 1),
+	var tables []routesim.Table
+	for _, sigma := range []float64{0, 1} { // exponential and lognormal service
+		g := routesim.Grid{Slots: []int{8, 16, 32}, Sigma: sigma, Scenario: routesim.ChangeNone, Phases: []routesim.Phases{routesim.PhasesRandom},
+			Gateways: []int{4}, Loads: []float64{0.9}, Ages: []float64{0.5, 5}, Policies: routesim.Policies, Seeds: 1, Seed: 1, Requests: 2000}
+		tables = append(tables, g.Table(g.Run()))
 	}
 	var b bytes.Buffer
 	if err := WritePNG(&b, tables); err != nil {
