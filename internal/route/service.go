@@ -34,9 +34,10 @@ type ServiceTime struct {
 	windows [serviceWindows]float64 // full windows' means, ms; 0 = not yet
 	next    int                     // the slot the next full window takes
 	// firstToken is the least time to first token of the window being
-	// filled, lastFirstToken of the window before it; +Inf (or 0 before
-	// any stream) when none.
+	// filled, lastFirstToken of the window before it; +Inf when none.
+	// Both are unused until streamed is set by the first stream.
 	firstToken, lastFirstToken float64
+	streamed                   bool
 }
 
 const (
@@ -63,7 +64,8 @@ func (s *ServiceTime) ObserveStream(firstTokenMs, decodeMs float64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.firstToken == 0 && s.lastFirstToken == 0 {
+	if !s.streamed {
+		s.streamed = true
 		s.firstToken, s.lastFirstToken = math.Inf(1), math.Inf(1)
 	}
 	s.firstToken = math.Min(s.firstToken, firstTokenMs)
@@ -80,7 +82,7 @@ func (s *ServiceTime) add(ms float64) {
 		s.windows[s.next] = s.sum / serviceWindow
 		s.next = (s.next + 1) % serviceWindows
 		s.sum, s.count = 0, 0
-		if s.firstToken != 0 {
+		if s.streamed {
 			s.firstToken, s.lastFirstToken = math.Inf(1), s.firstToken
 		}
 	}

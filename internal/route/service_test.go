@@ -71,3 +71,23 @@ func TestServiceTimeStreamsSeeNoQueue(t *testing.T) {
 		t.Errorf("a herd from the first request: %v ms, want at most the whole duration", got)
 	}
 }
+
+// TestServiceTimeForgetsAZeroFirstToken: a first token at once (0 ms, as a
+// simulated engine with no prefill answers) is a time to first token like
+// any other, forgotten when its windows are: engines that later take 200 ms
+// to their first token are read in decode plus 200 ms.
+func TestServiceTimeForgetsAZeroFirstToken(t *testing.T) {
+	var s ServiceTime
+	for range serviceWindow {
+		s.ObserveStream(0, 950)
+	}
+	if got := s.MeanMs(); got != 950 {
+		t.Fatalf("streams with an instant first token: %v ms, want 950", got)
+	}
+	for range (serviceWindows + 2) * serviceWindow {
+		s.ObserveStream(200, 950)
+	}
+	if got := s.MeanMs(); got != 1150 {
+		t.Errorf("after the first tokens slowed to 200 ms: %v ms, want 1150", got)
+	}
+}
