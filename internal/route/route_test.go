@@ -728,6 +728,12 @@ func BenchmarkPick(b *testing.B) {
 					site := fmt.Sprintf("s%02d", i)
 					w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
 					w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
+					if ageAware { // every site read in its own settled unit
+						if w.set.SiteMeanMs == nil {
+							w.set.SiteMeanMs = map[string]float64{}
+						}
+						w.set.SiteMeanMs[site] = float64(1000 + 250*(i%5))
+					}
 				}
 				snap := w.build(1000)
 				b.ReportAllocs()
