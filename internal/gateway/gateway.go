@@ -115,11 +115,13 @@ type Gateway struct {
 	rep       *reporter
 	picks     picks
 	durations route.ServiceTime // the age unit (docs/routing.md)
-	// siteDurations is each site's own pace, under siteDurationsMu; sites
-	// are added as requests reach them and dropped with the topology.
-	siteDurationsMu sync.Mutex
-	siteDurations   map[string]*route.ServiceTime
-	sessions        *affinity.Table // session affinity's bindings (affinity.go)
+	// siteDurations is each site's own pace (site name to
+	// *route.ServiceTime): added by the request path as requests reach a
+	// site, dropped by the snapshot rebuild with the topology. A sync.Map,
+	// so delivered requests take no gateway-wide lock: the set of sites is
+	// written once per site and read per request.
+	siteDurations sync.Map
+	sessions      *affinity.Table // session affinity's bindings (affinity.go)
 }
 
 // New builds a gateway from a validated configuration.

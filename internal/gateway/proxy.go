@@ -543,17 +543,11 @@ func (g *Gateway) observeService(site string, began time.Time, ans *answer, room
 
 // siteDuration is site's own ServiceTime, made on first use.
 func (g *Gateway) siteDuration(site string) *route.ServiceTime {
-	g.siteDurationsMu.Lock()
-	defer g.siteDurationsMu.Unlock()
-	if g.siteDurations == nil {
-		g.siteDurations = map[string]*route.ServiceTime{}
+	if st, ok := g.siteDurations.Load(site); ok {
+		return st.(*route.ServiceTime)
 	}
-	st := g.siteDurations[site]
-	if st == nil {
-		st = &route.ServiceTime{}
-		g.siteDurations[site] = st
-	}
-	return st
+	st, _ := g.siteDurations.LoadOrStore(site, &route.ServiceTime{})
+	return st.(*route.ServiceTime)
 }
 
 // siteMeans is the pace of every site seen enough of
@@ -563,17 +557,17 @@ func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
 	for _, c := range base {
 		live[c.Site] = true
 	}
-	g.siteDurationsMu.Lock()
-	defer g.siteDurationsMu.Unlock()
 	out := map[string]float64{}
-	for site, st := range g.siteDurations {
+	g.siteDurations.Range(func(k, v any) bool {
+		site, st := k.(string), v.(*route.ServiceTime)
 		switch {
 		case !live[site]:
-			delete(g.siteDurations, site)
+			g.siteDurations.Delete(site)
 		case st.Settled():
 			out[site] = st.MeanMs()
 		}
-	}
+		return true
+	})
 	return out
 }
 
