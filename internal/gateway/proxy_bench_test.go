@@ -171,7 +171,7 @@ daemon off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
 worker_rlimit_nofile 20000;
-events { worker_connections 16384; }
+events { worker_connections 19500; }
 http {
   access_log off;
   client_body_temp_path %[1]s/body;

@@ -29,7 +29,7 @@ import (
 // the figures. A stream holds four descriptors here (client, gateway's two,
 // upstream), so 4,500 streams is what a 20,000-descriptor limit allows.
 func BenchmarkStreamMemory(b *testing.B) {
-	raiseFileLimit(b)
+	raiseFileLimit()
 	for _, n := range []int{2000, 4500} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			for range b.N {
@@ -85,7 +85,7 @@ func nginxRSS() int64 {
 
 // raiseFileLimit lifts the open-file limit: every stream holds four
 // descriptors in this process. Past the hard limit only root may go.
-func raiseFileLimit(b *testing.B) {
+func raiseFileLimit() {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return
