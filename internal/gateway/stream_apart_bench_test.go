@@ -12,11 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/grid-inference/grid/internal/sim"
 )
 
 // streamHelperEnv makes the test binary a helper process of
@@ -66,7 +62,7 @@ func BenchmarkStreamMemoryApart(b *testing.B) {
 // or nginx, and returns what holding them added: Go heap plus stacks and
 // stacks alone (gateway), and resident memory (the gateway's process, or
 // nginx's master and workers).
-func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks uint64, rss int64) {
+func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks, rss int64) {
 	b.Helper()
 	upstream, upIn, upOut := startStreamHelper(b, "upstream")
 	defer func() {
@@ -84,19 +80,9 @@ func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks uint64, rss
 	var rssBefore int64
 	switch via {
 	case "gateway":
-		g := benchGateway(b, upstreamURL)
-		defer g.Close()
-		cfg := *g.cfg.Load()
-		cfg.Limits.ClientConns = n + 100
-		g.cfg.Store(&cfg)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		srv := g.Server(ClientListener, nil)
-		go srv.Serve(g.Guard(ClientListener, ln))
-		defer srv.Close()
-		target = ln.Addr().String()
+		var stop func()
+		target, stop = serveStreamGateway(b, upstreamURL, n)
+		defer stop()
 		// Memory an earlier run freed goes back to the system first, so
 		// the resident growth is this run's.
 		debug.FreeOSMemory()
@@ -123,8 +109,8 @@ func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks uint64, rss
 		runtime.GC()
 		var after runtime.MemStats
 		runtime.ReadMemStats(&after)
-		heap = after.HeapInuse + after.StackInuse - before.HeapInuse - before.StackInuse
-		stacks = after.StackInuse - before.StackInuse
+		heap = int64(after.HeapInuse+after.StackInuse) - int64(before.HeapInuse+before.StackInuse)
+		stacks = int64(after.StackInuse) - int64(before.StackInuse)
 		rss = selfRSS() - rssBefore
 	}
 	in.Close()
@@ -155,17 +141,8 @@ func startStreamHelper(b *testing.B, role string, args ...string) (*exec.Cmd, io
 
 // selfRSS is this process's resident memory.
 func selfRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	_, rss := procStatus("self")
+	return rss
 }
 
 func streamUpstreamHelper() int {
@@ -176,17 +153,7 @@ func streamUpstreamHelper() int {
 		return 1
 	}
 	release := make(chan struct{})
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		io.WriteString(w, "data: [DONE]\n\n")
-	})}
+	srv := &http.Server{Handler: heldStream(release)}
 	go srv.Serve(ln)
 	fmt.Println(ln.Addr().String())
 	io.Copy(io.Discard, os.Stdin)
@@ -205,46 +172,17 @@ func streamClientsHelper() int {
 	if err != nil {
 		return 2
 	}
-	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	conns := make([]net.Conn, n)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		c, err := net.Dial("tcp", target)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "stream %d: %v\n", i, err)
-			return 1
+	conns, err := openStreams(target, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
 		}
-		conns[i] = c
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			io.WriteString(c, req)
-			c.SetReadDeadline(time.Now().Add(120 * time.Second))
-			r := bufio.NewReaderSize(c, 512)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					errs <- err
-					return
-				}
-				if strings.HasPrefix(line, "data: ") {
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		fmt.Fprintf(os.Stderr, "a stream ended before its first event: %v\n", err)
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
-	for _, c := range conns {
-		c.Close()
-	}
 	return 0
 }

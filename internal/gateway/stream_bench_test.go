@@ -57,30 +57,34 @@ func nginxRSS() int64 {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			continue
-		}
-		var ppid int
-		var rss int64
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				continue
-			}
-			switch f[0] {
-			case "PPid:":
-				ppid, _ = strconv.Atoi(f[1])
-			case "VmRSS:":
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				rss = kb << 10
-			}
-		}
-		if pid == nginxPID || ppid == nginxPID {
+		if ppid, rss := procStatus(e.Name()); pid == nginxPID || ppid == nginxPID {
 			total += rss
 		}
 	}
 	return total
+}
+
+// procStatus reads a process's parent and resident memory from
+// /proc/PID/status ("self" for this one); zeros when it cannot.
+func procStatus(pid string) (ppid int, rss int64) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "PPid:":
+			ppid, _ = strconv.Atoi(f[1])
+		case "VmRSS:":
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			rss = kb << 10
+		}
+	}
+	return ppid, rss
 }
 
 // raiseFileLimit lifts the open-file limit: every stream holds four
@@ -109,17 +113,7 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 	if err != nil {
 		b.Fatal(err)
 	}
-	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		io.WriteString(w, "data: [DONE]\n\n")
-	})}
+	upstream := &http.Server{Handler: heldStream(release)}
 	go upstream.Serve(ln)
 	defer upstream.Close()
 	target := ln.Addr().String()
@@ -134,58 +128,18 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 	}
 	viaGateway := via == "gateway"
 	if viaGateway {
-		g := benchGateway(b, "http://"+target)
-		defer g.Close()
-		cfg := *g.cfg.Load()
-		cfg.Limits.ClientConns = n + 100 // the default 4,096 would shed the rest
-		g.cfg.Store(&cfg)
-		gln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		srv := g.Server(ClientListener, nil)
-		go srv.Serve(g.Guard(ClientListener, gln))
-		defer srv.Close()
-		target = gln.Addr().String()
+		var stop func()
+		target, stop = serveStreamGateway(b, "http://"+target, n)
+		defer stop()
 	}
-	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	conns := make([]net.Conn, 0, n)
+	conns, err := openStreams(target, n)
 	defer func() {
 		for _, c := range conns {
 			c.Close()
 		}
 	}()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		c, err := net.Dial("tcp", target)
-		if err != nil {
-			b.Fatalf("stream %d: %v", i, err)
-		}
-		conns = append(conns, c)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			io.WriteString(c, req)
-			c.SetReadDeadline(time.Now().Add(60 * time.Second))
-			r := bufio.NewReaderSize(c, 512)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					errs <- err
-					return
-				}
-				if strings.HasPrefix(line, "data: ") {
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatalf("a stream ended before its first event: %v", err)
+	if err != nil {
+		b.Fatal(err)
 	}
 	if via == "nginx" {
 		nginxGrowth = nginxRSS() - nginxBefore
@@ -202,4 +156,82 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 	}
 	close(release)
 	return ms.HeapInuse + ms.StackInuse, ms.StackInuse, nginxGrowth
+}
+
+// heldStream is the benchmarks' upstream: an SSE answer that sends one
+// event and holds until release is closed or the caller leaves.
+func heldStream(release <-chan struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+}
+
+// openStreams opens n streaming completions at target and returns once
+// each has received its first event, or with the first failure. The
+// connections it opened are returned either way, for the caller to close.
+func openStreams(target string, n int) ([]net.Conn, error) {
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conns := make([]net.Conn, 0, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		c, err := net.Dial("tcp", target)
+		if err != nil {
+			wg.Wait()
+			return conns, fmt.Errorf("stream %d: %w", i, err)
+		}
+		conns = append(conns, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			io.WriteString(c, req)
+			c.SetReadDeadline(time.Now().Add(120 * time.Second))
+			r := bufio.NewReaderSize(c, 512)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					errs <- err
+					return
+				}
+				if strings.HasPrefix(line, "data: ") {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return conns, fmt.Errorf("a stream ended before its first event: %w", err)
+	}
+	return conns, nil
+}
+
+// serveStreamGateway serves a benchmark gateway in front of upstream,
+// admitting n client connections (the default 4,096 would shed the rest),
+// and returns its address and what stops it.
+func serveStreamGateway(b *testing.B, upstream string, n int) (string, func()) {
+	g := benchGateway(b, upstream)
+	cfg := *g.cfg.Load()
+	cfg.Limits.ClientConns = n + 100
+	g.cfg.Store(&cfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := g.Server(ClientListener, nil)
+	go srv.Serve(g.Guard(ClientListener, ln))
+	return ln.Addr().String(), func() {
+		srv.Close()
+		g.Close()
+	}
 }
