@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
@@ -48,6 +49,11 @@ type State struct {
 	// Epoch is this process's publisher epoch: above every epoch published
 	// before, and at least the wall clock in milliseconds at start.
 	Epoch int64 `json:"publisherEpoch"`
+	// mu guards Providers and the revisions it holds: a reload
+	// (Reconcile, on the reload goroutine) writes them while scrapes read
+	// them (Revision, on the scrape goroutines). The other fields are set
+	// at open and by Ensure, on the maintenance goroutine.
+	mu sync.RWMutex
 	// Providers maps provider names to their revision.
 	Providers map[string]*Revision `json:"providers"`
 }
@@ -169,6 +175,8 @@ func (s *State) Ensure() (recreated bool, err error) {
 	if s.Halted != "" {
 		return true, nil // nothing published, nothing to keep
 	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	return true, s.write()
 }
 
@@ -187,6 +195,8 @@ func NewObjectState(epoch int64, providers []config.Provider) (*State, error) {
 func (s *State) Reconcile(providers []config.Provider) error { return s.reconcile(providers) }
 
 func (s *State) reconcile(providers []config.Provider) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	keep := map[string]bool{}
 	for i := range providers {
 		p := &providers[i]
@@ -220,7 +230,8 @@ func (s *State) reconcile(providers []config.Provider) error {
 	return s.write()
 }
 
-// write saves the state durably; an object state has nothing to save.
+// write saves the state durably; an object state has nothing to save. The
+// caller holds s.mu (either way), or is the only goroutine yet.
 func (s *State) write() error {
 	if s.path == "" {
 		return nil
@@ -263,8 +274,19 @@ func writeDurably(path string, data []byte) error {
 	return d.Sync()
 }
 
-// Revision returns a provider's revision.
-func (s *State) Revision(name string) *Revision { return s.Providers[name] }
+// Revision returns a copy of a provider's revision, or nil when it has
+// none: a copy, because a reload may advance the generation while the
+// caller publishes with it.
+func (s *State) Revision(name string) *Revision {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	rev := s.Providers[name]
+	if rev == nil {
+		return nil
+	}
+	c := *rev
+	return &c
+}
 
 // configHash digests a provider's config block in a stable encoding.
 func configHash(p *config.Provider) (string, error) {
@@ -289,6 +311,8 @@ func newUID() (string, error) {
 
 // names returns the provider names in order, for tests and logs.
 func (s *State) names() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	out := make([]string, 0, len(s.Providers))
 	for n := range s.Providers {
 		out = append(out, n)

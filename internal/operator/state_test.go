@@ -78,6 +78,42 @@ func TestRevisions(t *testing.T) {
 	}
 }
 
+// TestReloadWhileScraping: a reload (SIGHUP) reconciles the providers on
+// its own goroutine while scrapes publish with their revisions; under the
+// race detector this failed before State had its lock (and a map written
+// while read can crash the process). A revision handed out stays as it
+// was when a later reload advances the generation.
+func TestReloadWhileScraping(t *testing.T) {
+	s, err := NewObjectState(1, providers("a", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := providers("a", "b")
+	changed[0].Metrics.PoolName = "other"
+	held := s.Revision("a")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			if i%2 == 0 {
+				s.Reconcile(changed)
+			} else {
+				s.Reconcile(providers("a"))
+			}
+		}
+	}()
+	for range 200 {
+		if rev := s.Revision("a"); rev == nil || rev.Generation < 1 {
+			t.Fatalf("revision of a during reloads: %+v", rev)
+		}
+		s.Revision("b") // removed and re-added by the reloads
+	}
+	<-done
+	if held.Generation != 1 {
+		t.Errorf("a revision handed out before the reloads changed under its holder: %+v", held)
+	}
+}
+
 func TestCorruptStateRefusesToStart(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, stateFile), []byte("{not json"), 0o600)
