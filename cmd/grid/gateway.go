@@ -90,7 +90,11 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 		return nil
 	})
 	for name, srv := range servers {
-		tasks.Go(func() error { return serveUntilDone(runCtx, name.String(), srv, listeners[name], e, *drain) })
+		var more []func(context.Context) error
+		if name == gateway.ClientListener {
+			more = append(more, gw.DrainStreams) // streams the server handed off
+		}
+		tasks.Go(func() error { return serveUntilDone(runCtx, name.String(), srv, listeners[name], e, *drain, more...) })
 	}
 	return tasks.Wait()
 }

@@ -49,8 +49,10 @@ func runSim(ctx context.Context, args []string, e *env) error {
 }
 
 // serveUntilDone serves until ctx ends, then drains: new connections are
-// refused, in-flight requests get up to drain to finish.
-func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration) error {
+// refused, in-flight requests get up to drain to finish, and so does each
+// of more, run after the server's own drain under the same deadline (the
+// gateway's detached streams, which the server does not track).
+func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, more ...func(context.Context) error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -61,7 +63,11 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	e.log.Info("draining", "listener", name, "timeout", drain)
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	err := srv.Shutdown(sctx)
+	if err == nil && len(more) > 0 {
+		err = more[0](sctx)
+	}
+	if err != nil {
 		srv.Close()
 		e.log.Warn("drain timed out; closed remaining connections", "listener", name, "err", err)
 	}

@@ -122,6 +122,12 @@ type Gateway struct {
 	// written once per site and read per request.
 	siteDurations sync.Map
 	sessions      *affinity.Table // session affinity's bindings (affinity.go)
+
+	// streams are the SSE answers copied off the server's goroutines;
+	// rejoin is the client listener their connections return through,
+	// set by Guard (detach.go).
+	streams *streamSet
+	rejoin  atomic.Pointer[rejoinListener]
 }
 
 // New builds a gateway from a validated configuration.
@@ -166,6 +172,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		rep:      newReporter(),
 		picks:    picks{n: map[string]uint64{}},
 		hist:     newHistory(),
+		streams:  newStreamSet(),
 	}
 	g.health = newHealth(opts.Clock, func(reason string) {
 		m.ejections.WithLabelValues(reason).Inc()
@@ -182,6 +189,9 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_held",
 		Help: "Bytes of request bodies the gateway holds in memory now (reserved from limits.bodyBytes)."},
 		func() float64 { return float64(g.bodies.used.Load()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_detached_streams",
+		Help: "SSE answers being copied now on the gateway's own goroutines, their connections taken from the HTTP server (docs/gateway.md)."},
+		func() float64 { return float64(g.streams.Len()) }))
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_limit",
 		Help: "The request-body budget, limits.bodyBytes or its derived default."},
 		func() float64 { return float64(g.bodies.limit.Load()) }))

@@ -89,11 +89,18 @@ func (l Listener) String() string {
 }
 
 // Guard bounds ln, the given listener, by the configured limits, counting
-// the connections it sheds. The limits follow reloads (Reload).
+// the connections it sheds. The limits follow reloads (Reload). The
+// client listener also takes back the connections of detached streams
+// (detach.go), which its server then serves again.
 func (g *Gateway) Guard(listener Listener, ln net.Listener) net.Listener {
 	shed, name := g.m.connsShed, listener.String()
 	gl := connlimit.New(ln, connLimits(listener, g.cfg.Load().Limits), func(limit string) { shed.WithLabelValues(name, limit).Inc() })
 	g.guards[listener].Store(gl)
+	if listener == ClientListener {
+		rj := newRejoinListener(gl)
+		g.rejoin.Store(rj)
+		return rj
+	}
 	return gl
 }
 
@@ -134,6 +141,14 @@ func (g *Gateway) Server(listener Listener, errLog *log.Logger) *http.Server {
 	case ClientListener:
 		srv.Handler = g.ClientHandler()
 		srv.IdleTimeout = lim.ClientIdleTimeout.D()
+		// Its requests' answers may be detached when the listener is
+		// guarded, and their connections come back through it.
+		srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+			if rj := g.rejoin.Load(); rj != nil {
+				return context.WithValue(ctx, rejoinKey{}, rj)
+			}
+			return ctx
+		}
 	case HopListener:
 		srv.Handler = g.HopHandler()
 	case MetricsListener:
@@ -275,7 +290,14 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	start := g.clk.Now()
 	g.touch()
 	outcome := "routed"
-	defer func() { g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds()) }()
+	// stream: the answer goes on after this handler returns (detach.go),
+	// and is counted when it ends.
+	var stream *detachedStream
+	defer func() {
+		if stream == nil {
+			g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
+		}
+	}()
 
 	body, reserved, refusal := g.readBody(w, r)
 	defer g.bodies.release(reserved)
@@ -344,8 +366,13 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	var served affinity.Binding
-	outcome, served = g.proxy(w, r, body, snap, model, pick, turn, hop)
+	outcome, served, stream = g.proxy(w, r, body, snap, model, pick, turn, hop)
 	g.bind(sess, pick, served)
+	if stream != nil {
+		g.streams.start(stream, func(outcome string) {
+			g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
+		})
+	}
 }
 
 // readBody reads the request body whole, bounded in size, in time (under a
@@ -427,10 +454,12 @@ const (
 // proxy forwards the request to the picked candidate and, when nothing
 // reached that upstream or came back from it (docs/gateway.md, upstream
 // failures), once more to the best-ordered other candidate not known to be
-// down. It returns the request's outcome label. A request that came over
-// the hop and could not be delivered says so (headerNotDelivered), so the
-// entry gateway tries elsewhere as it would for a refused connection.
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) (string, affinity.Binding) {
+// down. It returns the request's outcome label, where it was served, and
+// the detached stream that goes on copying the answer, if it was detached
+// (detach.go; the caller starts it). A request that came over the hop and
+// could not be delivered says so (headerNotDelivered), so the entry
+// gateway tries elsewhere as it would for a refused connection.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) (string, affinity.Binding, *detachedStream) {
 	for try := 0; try < 2; try++ {
 		c := pick.Candidate
 		reason := "routed"
@@ -445,10 +474,16 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		ans := answer{bound: pick.Path == route.PathSession}
 		switch g.forward(w, r, body, c, began, &ans) {
 		case delivered:
+			served := affinity.Binding{Site: c.Site, Provider: ans.provider}
+			if s := ans.detached; s != nil {
+				room := pick.Room
+				s.observe = func() { g.observeService(c.Site, began, &ans, room) }
+				return "routed", served, s
+			}
 			g.observeService(c.Site, began, &ans, pick.Room)
-			return "routed", affinity.Binding{Site: c.Site, Provider: ans.provider}
+			return "routed", served, nil
 		case failed:
-			return "upstream_error", affinity.Binding{}
+			return "upstream_error", affinity.Binding{}, nil
 		}
 		g.m.retries.Inc()
 		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(snap, model, c)}
@@ -458,7 +493,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 	}
 	notDelivered(w, hop)
 	errUpstreamUnreachable.write(w, turn)
-	return "upstream_error", affinity.Binding{}
+	return "upstream_error", affinity.Binding{}, nil
 }
 
 // notDelivered marks the answer to a hop request that reached none of this
@@ -511,7 +546,8 @@ func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64
 }
 
 // answer is what forward saw of an upstream's answer; the handler's
-// goroutine only (the proxy copies the body on it).
+// goroutine only (the proxy copies the body on it), or, once the answer is
+// detached, the detached stream's.
 type answer struct {
 	// bound: the attempt carries a session to the provider it is bound
 	// to, which a peer gateway is told (headerBoundProvider). Set by the
@@ -522,6 +558,9 @@ type answer struct {
 	// provider is the provider that answered: this site's, or the one a
 	// peer gateway names (headerBackend).
 	provider string
+	// detached is the stream that copies the answer after the handler
+	// returns (detach.go); nil when the proxy copied it.
+	detached *detachedStream
 }
 
 // observeService teaches the age unit (route.ServiceTime) what one
@@ -602,8 +641,29 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 	}
 	tw := &trackingWriter{ResponseWriter: w}
 	buffer := &copyBuffer{}
+	// An answer that may be detached (detach.go) outlives this handler,
+	// and so must its upstream request: its context is the client's
+	// without the client's end, cancelled when the client leaves while
+	// the handler runs, and by the detached stream after.
+	outCtx := r.Context()
+	via := detachVia(r)
+	var stopWatch func() bool
+	var cancelOut context.CancelFunc
+	if via != nil {
+		outCtx, cancelOut = context.WithCancel(context.WithoutCancel(r.Context()))
+		stopWatch = context.AfterFunc(r.Context(), cancelOut)
+		defer func() {
+			if ans.detached == nil {
+				stopWatch()
+				cancelOut()
+			}
+		}()
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			if via != nil {
+				pr.Out = pr.Out.WithContext(outCtx)
+			}
 			pr.SetURL(c.Upstream)
 			pr.SetXForwarded()
 			if ans.bound && !c.Local {
@@ -630,15 +690,32 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied; its first byte is the time to
 			// first token the dashboard shows.
-			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: r.Context(),
+			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
 				failed: func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
 				firstByte: func() {
 					ans.firstByte = g.clk.Now()
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
 				}}
+			if via != nil && ans.stream && detachable(resp) {
+				if s := detach(tw, resp, via, outCtx, cancelOut); s != nil {
+					stopWatch()
+					ans.detached = s
+					resp.Body = http.NoBody // ReverseProxy closes it
+					// The upstream request's context keeps ReverseProxy's
+					// 1xx trace, which holds tw for the whole stream: tw
+					// lets the server's response go, and with it the
+					// server connection's state and buffers.
+					tw.ResponseWriter = nil
+					return errDetached
+				}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			if errors.Is(err, errDetached) {
+				result = delivered
+				return
+			}
 			if req.Context().Err() != nil {
 				return // the client went away; nothing to answer or count
 			}
@@ -806,8 +883,16 @@ func (c *copyBuffer) Put(b []byte) {
 	}
 }
 
-// Close releases idle upstream connections.
+// DrainStreams waits until every detached stream has ended, or ctx is
+// done; then it cuts those left. Call it after the client listener's
+// server has shut down: the server does not wait for them.
+func (g *Gateway) DrainStreams(ctx context.Context) error { return g.streams.drain(ctx) }
+
+// Close cuts the detached streams still running and releases idle
+// upstream connections.
 func (g *Gateway) Close() {
+	g.streams.cutAll()
+	g.streams.wg.Wait()
 	g.upstreams.close()
 	g.opClient.CloseIdleConnections()
 }

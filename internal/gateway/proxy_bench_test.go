@@ -229,11 +229,11 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	}
 	simSrv := httptest.NewServer(s.Handler())
 	defer simSrv.Close()
-	g := benchGateway(b, simSrv.URL)
-	defer g.Close()
-	gwSrv := httptest.NewServer(g.ClientHandler())
-	defer gwSrv.Close()
-	targets := []struct{ name, url string }{{"direct", simSrv.URL}, {"gateway", gwSrv.URL}}
+	// The gateway serves as `grid gateway` does: its own server on a
+	// guarded client listener, so its streams are detached (detach.go).
+	gwAddr, stop := serveStreamGateway(b, simSrv.URL, 4096)
+	defer stop()
+	targets := []struct{ name, url string }{{"direct", simSrv.URL}, {"gateway", "http://" + gwAddr}}
 	if u := startNginx(b, simSrv.URL); u != "" {
 		targets = append(targets, struct{ name, url string }{"nginx", u})
 	}

@@ -55,10 +55,11 @@ func newTransport(limits config.Upstream) *http.Transport {
 		ForceAttemptHTTP2:     false,
 		// Each connection holds its buffers for as long as it lives, a
 		// stream's for the whole stream: small ones. A request body larger
-		// than the write buffer is written straight through; an answer is
-		// copied out in the proxy's own buffer.
-		WriteBufferSize: 1 << 10,
-		ReadBufferSize:  2 << 10,
+		// than the write buffer is written straight through (headers
+		// longer than it take a second write); an answer is copied out in
+		// the proxy's own buffer, or the detached stream's.
+		WriteBufferSize: 512,
+		ReadBufferSize:  1 << 10,
 	}
 }
 

@@ -1,0 +1,405 @@
+package gateway
+
+// Detached streams.
+//
+// An SSE answer lasts as long as the model generates, and net/http keeps,
+// for every such answer, the server connection's goroutine (its stack
+// stays at 16 KiB: the handler parks deep inside httputil.ReverseProxy and
+// the runtime halves a parked stack only below a quarter used), the
+// connection's background reader, and its 4 + 4 KiB of buffers. Once an
+// upstream has answered 200 with text/event-stream and no length, and its
+// first bytes have come (until then the request may wait in the engine's
+// queue, and the server's background reader notices a client that leaves
+// at once), the gateway takes the client's HTTP/1.1 connection from the
+// server (Hijack), writes the answer's head and those bytes itself, and
+// copies the rest, one chunk per read, on a goroutine of its own that
+// parks a few frames deep. A client that leaves a detached stream is
+// noticed when a write to it fails, an event or two later.
+// When the stream ends whole, the connection re-enters the server through
+// the client listener (rejoinListener), so a keep-alive client keeps it.
+// BENCHMARKS.md (memory per concurrent stream) has what this saves;
+// docs/gateway.md the rules.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// stalledStreamWrite bounds how long a detached stream waits for a client
+// to take one event: a client that reads nothing for this long is cut,
+// and its upstream request cancelled, so it cannot hold an engine's slot.
+// A variable for tests only.
+var stalledStreamWrite = 60 * time.Second
+
+// rejoinKey carries, in the context of a request that came over the
+// client listener, the listener its connection may re-enter through.
+type rejoinKey struct{}
+
+// detachVia reports the listener through which r's connection may return
+// after a detached stream, or nil when r's answer may not be detached:
+// only HTTP/1.1 requests that came over the client listener (Guard) and
+// keep their connection open.
+func detachVia(r *http.Request) *rejoinListener {
+	rj, _ := r.Context().Value(rejoinKey{}).(*rejoinListener)
+	if rj == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.Close {
+		return nil
+	}
+	return rj
+}
+
+// detachable reports whether an upstream's answer may be copied on a
+// detached stream: a whole SSE stream (200, no length, no trailers).
+func detachable(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusOK && resp.ContentLength < 0 && len(resp.Trailer) == 0 && len(resp.TransferEncoding) <= 1
+}
+
+// errDetached, returned by the proxy's ModifyResponse, tells its error
+// handler that the answer left on a detached stream: nothing to answer.
+var errDetached = errors.New("the answer is copied on a detached stream")
+
+// detachedStream copies one SSE answer to a hijacked client connection.
+// It is built on the handler's goroutine, then owned by the goroutine
+// streamSet.start runs it on.
+type detachedStream struct {
+	conn net.Conn      // the client's
+	body io.ReadCloser // the upstream's answer (watchedBody)
+	// ctx is the upstream request's; cancel ends it. A read that fails
+	// after ctx ended is the client's leaving, not the upstream's failure.
+	ctx    context.Context
+	cancel context.CancelFunc
+	via    *rejoinListener
+	// closeAfter: the client sent bytes after its request (pipelining),
+	// which the hijack took; the answer says Connection: close and the
+	// connection closes after it.
+	closeAfter bool
+	// gone: the head could not be written; the client left.
+	gone bool
+	// buf is the chunk buffer (chunkBuffers), pending the bytes of the
+	// answer read into it before the stream was detached.
+	buf     *[chunkBufSize]byte
+	pending int
+	// observe, set by the proxy, teaches the age unit what a whole stream
+	// took; end, set by the handler, counts the request once it is over.
+	observe func()
+	end     func(outcome string)
+}
+
+// detach waits for the first bytes of resp's body, then takes w's
+// connection from the server and writes resp's head to it: the status
+// line, the headers already set on w and resp's, and chunked framing. It
+// returns nil, leaving w untouched and resp's body whole for the proxy to
+// copy, when the body ends or fails before any byte (or with its first),
+// or when the server will not give the connection up.
+func detach(w http.ResponseWriter, resp *http.Response, via *rejoinListener, ctx context.Context, cancel context.CancelFunc) *detachedStream {
+	buf := chunkBuffers.Get().(*[chunkBufSize]byte)
+	n, err := resp.Body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
+	var conn net.Conn
+	var brw *bufio.ReadWriter
+	hijacked := false
+	if n > 0 && err == nil {
+		var herr error
+		conn, brw, herr = http.NewResponseController(w).Hijack()
+		hijacked = herr == nil
+	}
+	if !hijacked {
+		resp.Body = &replayBody{ReadCloser: resp.Body, pending: slices.Clone(buf[chunkHeadRoom : chunkHeadRoom+n]), err: err}
+		chunkBuffers.Put(buf)
+		return nil
+	}
+	s := &detachedStream{conn: conn, body: resp.Body, ctx: ctx, cancel: cancel, via: via, closeAfter: brw.Reader.Buffered() > 0, buf: buf, pending: n}
+	resp.Header.Del("Content-Length")
+	bw := brw.Writer
+	bw.WriteString("HTTP/1.1 200 OK\r\n")
+	w.Header().Write(bw)
+	resp.Header.Write(bw)
+	if w.Header().Get("Date") == "" && resp.Header.Get("Date") == "" {
+		bw.WriteString("Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n")
+	}
+	if s.closeAfter {
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+	conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
+	s.gone = bw.Flush() != nil
+	// The body keeps its response (for trailers) as long as the stream
+	// lasts; the headers are written and no longer needed. (The transport
+	// does not read them once it has handed the response over.)
+	resp.Header = nil
+	return s
+}
+
+// The chunk buffer of a detached stream, 1 KiB held for as long as the
+// stream lasts: up to 1,012 bytes of the answer per chunk (an SSE event
+// is a few hundred bytes; a larger one goes out in several chunks), with
+// room for the chunk's size line before the data and its CRLF after, so
+// each goes out in one write.
+const (
+	chunkBufSize  = 1 << 10
+	chunkHeadRoom = 10 // up to 8 hex digits and CRLF
+	chunkData     = chunkBufSize - chunkHeadRoom - 2
+)
+
+var chunkBuffers = sync.Pool{New: func() any { return new([chunkBufSize]byte) }}
+
+// run copies the stream until the upstream ends it, fails, or the client
+// leaves; then it gives the connection back to the server if the stream
+// ended whole, else closes it (a cut stream ends without the last chunk,
+// as net/http ends one, so the client sees it cut), and counts the
+// request.
+func (s *detachedStream) run() {
+	outcome, whole := "routed", false
+	if !s.gone {
+		outcome, whole = s.copy()
+	}
+	chunkBuffers.Put(s.buf)
+	if !whole {
+		s.cancel()
+	}
+	// A whole stream's request context is not cancelled: the upstream
+	// connection goes back to its pool on the body's end, and cancelling
+	// races that. The context holds no goroutine or timer.
+	s.body.Close()
+	if whole {
+		s.observe()
+		s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
+		_, err := io.WriteString(s.conn, "0\r\n\r\n")
+		if err == nil && !s.closeAfter {
+			s.conn.SetWriteDeadline(time.Time{})
+			if s.via.rejoin(s.conn) {
+				s.end(outcome)
+				return
+			}
+		}
+	}
+	s.conn.Close()
+	s.end(outcome)
+}
+
+// copy moves the answer's bytes to the client, each read as one chunk.
+// whole: the upstream ended the answer and the client took all of it.
+func (s *detachedStream) copy() (outcome string, whole bool) {
+	buf := s.buf
+	n, err := s.pending, error(nil)
+	for {
+		if n > 0 {
+			start := chunkHeadRoom - 2
+			buf[start], buf[start+1] = '\r', '\n'
+			size := strconv.AppendUint(buf[:0:chunkHeadRoom], uint64(n), 16)
+			start -= len(size)
+			copy(buf[start:], size)
+			buf[chunkHeadRoom+n], buf[chunkHeadRoom+n+1] = '\r', '\n'
+			s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
+			if _, werr := s.conn.Write(buf[start : chunkHeadRoom+n+2]); werr != nil {
+				return "routed", false // the client left or stalled: as net/http counts it
+			}
+		}
+		switch {
+		case err == io.EOF:
+			return "routed", true
+		case err != nil && s.ctx.Err() != nil:
+			return "routed", false // the client left, or the stream was cut
+		case err != nil:
+			return "upstream_error", false // watchedBody told passive health
+		}
+		n, err = s.body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
+	}
+}
+
+// replayBody is an answer's body whose first bytes, and the error that
+// came with them, were read before the proxy copies it: it gives them
+// back first.
+type replayBody struct {
+	io.ReadCloser
+	pending []byte
+	err     error
+}
+
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.pending) > 0 {
+		n := copy(p, b.pending)
+		b.pending = b.pending[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.ReadCloser.Read(p)
+}
+
+// cut ends the stream from outside (a drain that ran out of time, Close):
+// the client's connection closes and the upstream request is cancelled, so
+// run's read or write returns.
+func (s *detachedStream) cut() {
+	s.cancel()
+	s.conn.Close()
+}
+
+// streamSet owns the detached streams: it starts each on its goroutine,
+// and drains or cuts them at shutdown.
+type streamSet struct {
+	wg    sync.WaitGroup
+	ended chan struct{} // a token per stream end, for drain (capacity 1)
+	mu    sync.Mutex
+	live  map[*detachedStream]struct{} // under mu
+}
+
+func newStreamSet() *streamSet {
+	return &streamSet{ended: make(chan struct{}, 1), live: map[*detachedStream]struct{}{}}
+}
+
+// start runs s on a goroutine of its own; end is called when it is over.
+func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
+	s.end = func(outcome string) {
+		end(outcome)
+		set.mu.Lock()
+		delete(set.live, s)
+		set.mu.Unlock()
+		select {
+		case set.ended <- struct{}{}:
+		default:
+		}
+	}
+	set.mu.Lock()
+	set.live[s] = struct{}{}
+	set.mu.Unlock()
+	set.wg.Add(1)
+	go func() {
+		defer set.wg.Done()
+		s.run()
+	}()
+}
+
+// Len is the number of streams being copied now.
+func (set *streamSet) Len() int {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	return len(set.live)
+}
+
+// drain waits until every stream has ended, or ctx is done; then it cuts
+// those left and waits for their goroutines. It returns ctx's error when
+// it had to cut.
+func (set *streamSet) drain(ctx context.Context) error {
+	for set.Len() > 0 {
+		select {
+		case <-set.ended:
+		case <-ctx.Done():
+			set.cutAll()
+			set.wg.Wait()
+			return ctx.Err()
+		}
+	}
+	set.wg.Wait()
+	return nil
+}
+
+func (set *streamSet) cutAll() {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	for s := range set.live {
+		s.cut()
+	}
+}
+
+// rejoinListener is the client listener with a way back in: Accept yields
+// the connections detached streams are done with, as well as new ones, so
+// the server reads a keep-alive client's next request as it would have.
+// Its one accepting goroutine, started by the first Accept, ends when the
+// listener closes.
+type rejoinListener struct {
+	net.Listener
+	back     chan net.Conn // connections to serve again
+	accepted chan acceptResult
+	once     sync.Once
+	closed   chan struct{}
+
+	mu       sync.Mutex
+	isClosed bool // under mu: nothing is sent on back after it is set
+}
+
+type acceptResult struct {
+	conn net.Conn
+	err  error
+}
+
+// rejoinQueue bounds the connections waiting to re-enter; one that finds
+// it full is closed (its client reconnects).
+const rejoinQueue = 256
+
+func newRejoinListener(ln net.Listener) *rejoinListener {
+	return &rejoinListener{Listener: ln, back: make(chan net.Conn, rejoinQueue), accepted: make(chan acceptResult), closed: make(chan struct{})}
+}
+
+// Accept returns the next connection to serve: one coming back, or a new one.
+func (l *rejoinListener) Accept() (net.Conn, error) {
+	l.once.Do(func() { go l.acceptLoop() })
+	select {
+	case c := <-l.back:
+		return c, nil
+	case a := <-l.accepted:
+		return a.conn, a.err
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *rejoinListener) acceptLoop() {
+	for {
+		c, err := l.Listener.Accept()
+		select {
+		case l.accepted <- acceptResult{c, err}:
+		case <-l.closed:
+			if c != nil {
+				c.Close()
+			}
+			return
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+	}
+}
+
+// rejoin queues c to be served again; false when the listener is closed
+// or its queue full, and c is the caller's to close.
+func (l *rejoinListener) rejoin(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isClosed {
+		return false
+	}
+	select {
+	case l.back <- c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close closes the listener and the connections waiting to re-enter it.
+func (l *rejoinListener) Close() error {
+	l.mu.Lock()
+	if l.isClosed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.isClosed = true
+	l.mu.Unlock()
+	close(l.closed)
+	for {
+		select {
+		case c := <-l.back:
+			c.Close()
+		default:
+			return l.Listener.Close()
+		}
+	}
+}

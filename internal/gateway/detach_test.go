@@ -1,0 +1,375 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/grid-inference/grid/internal/sim"
+)
+
+// sseUpstream is an upstream whose streams the test drives: each answer
+// sends an event, then one more per value on step, and ends when step
+// closes; it records when a request's context ends (the gateway cancelled
+// it).
+type sseUpstream struct {
+	*httptest.Server
+	step      chan string
+	cancelled chan struct{} // a token per request whose context ended before its answer did
+	// cut, when set, makes the answer break its connection after the
+	// first event.
+	cut bool
+	// flood, when set, makes the answer send 1 KiB events as fast as the
+	// connection takes them until its context ends.
+	flood bool
+	// empty, when set, makes the answer end before any event.
+	empty bool
+}
+
+func newSSEUpstream(t *testing.T) *sseUpstream {
+	u := &sseUpstream{step: make(chan string), cancelled: make(chan struct{}, 16)}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if u.empty {
+			w.(http.Flusher).Flush()
+			return
+		}
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		if u.cut {
+			panic(http.ErrAbortHandler) // the connection breaks, the answer unfinished
+		}
+		if u.flood {
+			event := "data: " + strings.Repeat("x", 1<<10) + "\n\n"
+			for r.Context().Err() == nil {
+				if _, err := io.WriteString(w, event); err != nil {
+					break
+				}
+				w.(http.Flusher).Flush()
+			}
+			u.cancelled <- struct{}{}
+			return
+		}
+		for {
+			select {
+			case s, ok := <-u.step:
+				if !ok {
+					io.WriteString(w, "data: [DONE]\n\n")
+					return
+				}
+				io.WriteString(w, "data: "+s+"\n\n")
+				w.(http.Flusher).Flush()
+			case <-r.Context().Done():
+				u.cancelled <- struct{}{}
+				return
+			}
+		}
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// detachGateway serves a gateway in front of upstream on a guarded client
+// listener, as `grid gateway` does, and returns its address.
+func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
+	g := benchGateway(t, upstream)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := g.Server(ClientListener, nil)
+	done := make(chan struct{})
+	go func() { srv.Serve(g.Guard(ClientListener, ln)); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done; g.Close() })
+	return g, ln.Addr().String()
+}
+
+func streamRequest(t *testing.T, addr string) *http.Request {
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+// readEvent returns the next SSE data line.
+func readEvent(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "data: "))
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: %s", what)
+		}
+	}
+}
+
+// A stream is copied off the server's goroutine, arrives whole and in
+// order with the gateway's headers, and its connection serves the
+// client's next request.
+func TestDetachedStreamKeepsItsConnection(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	client := &http.Client{Transport: &http.Transport{}}
+	var reused []bool
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = append(reused, i.Reused) }}
+	for turn := range 2 {
+		req := streamRequest(t, addr)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 || resp.Header.Get(headerSite) != "east" || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("turn %d: status %d, headers %v", turn, resp.StatusCode, resp.Header)
+		}
+		br := bufio.NewReader(resp.Body)
+		if got := readEvent(t, br); got != "first" {
+			t.Fatalf("first event %q", got)
+		}
+		waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+		for i := range 3 {
+			up.step <- fmt.Sprint("event-", i)
+			if got := readEvent(t, br); got != fmt.Sprint("event-", i) {
+				t.Fatalf("event %d: %q", i, got)
+			}
+		}
+		close(up.step)
+		if got := readEvent(t, br); got != "[DONE]" {
+			t.Fatalf("last event %q", got)
+		}
+		if rest, err := io.ReadAll(br); err != nil || strings.TrimSpace(string(rest)) != "" {
+			t.Fatalf("after [DONE]: %q, %v (the chunked answer must end cleanly)", rest, err)
+		}
+		resp.Body.Close()
+		up.step = make(chan string)
+		waitFor(t, "the stream has ended", func() bool { return g.streams.Len() == 0 })
+	}
+	if len(reused) != 2 || reused[0] || !reused[1] {
+		t.Fatalf("connections reused %v, want the second request on the first's connection", reused)
+	}
+}
+
+// A client that leaves mid-stream cancels the upstream request.
+func TestDetachedStreamClientLeaves(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+	resp.Body.Close()
+	// The gateway learns of the leaving when a write fails: the next
+	// event or the one after. Events come every 10 ms, as tokens do.
+	tokens := time.NewTicker(10 * time.Millisecond)
+	defer tokens.Stop()
+	sent, deadline := 0, time.Now().Add(10*time.Second)
+	for cancelled := false; !cancelled; {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream request was not cancelled 10 s after its client left")
+		}
+		select {
+		case <-tokens.C:
+			select {
+			case up.step <- fmt.Sprint("after the client left ", sent):
+				sent++
+			case <-up.cancelled:
+				cancelled = true
+			}
+		case <-up.cancelled:
+			cancelled = true
+		}
+	}
+	if sent > 3 {
+		t.Fatalf("the upstream was cancelled after %d events to a client that had left", sent)
+	}
+	waitFor(t, "the stream has ended", func() bool { return g.streams.Len() == 0 })
+}
+
+// An upstream that breaks its stream: the client's answer is cut (no
+// clean end of the chunked body) and the failure is counted.
+func TestDetachedStreamUpstreamCut(t *testing.T) {
+	up := newSSEUpstream(t)
+	up.cut = true
+	g, addr := detachGateway(t, up.URL)
+	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading a cut stream: %v, want unexpected EOF", err)
+	}
+	waitFor(t, "the cut counted", func() bool {
+		return testutil.ToFloat64(g.m.upstreamErrors.WithLabelValues("east", string(upstreamStream))) == 1
+	})
+}
+
+// A client that stops reading is cut once a write has waited
+// stalledStreamWrite, and its upstream request is cancelled.
+func TestDetachedStreamStalledClient(t *testing.T) {
+	defer func(d time.Duration) { stalledStreamWrite = d }(stalledStreamWrite)
+	stalledStreamWrite = 300 * time.Millisecond
+	up := newSSEUpstream(t)
+	up.flood = true
+	g, addr := detachGateway(t, up.URL)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := streamRequest(t, addr).Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	// Read nothing: the kernel's buffers fill, then the gateway's write
+	// waits.
+	select {
+	case <-up.cancelled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a client that reads nothing still held its upstream after 30 s")
+	}
+	waitFor(t, "the stream has ended", func() bool { return g.streams.Len() == 0 })
+}
+
+// A request that closes its connection (or an HTTP/1.0 one) is answered
+// by the server's own goroutine, as before.
+func TestStreamNotDetachedWhenConnectionCloses(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	req := streamRequest(t, addr)
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	if n := g.streams.Len(); n != 0 {
+		t.Fatalf("%d streams detached, want none", n)
+	}
+	close(up.step)
+	if got := readEvent(t, br); got != "[DONE]" {
+		t.Fatalf("last event %q", got)
+	}
+}
+
+// DrainStreams waits for streams that end, and cuts those that outlast
+// its context.
+func TestDrainStreams(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	open := func() *bufio.Reader {
+		resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		br := bufio.NewReader(resp.Body)
+		readEvent(t, br)
+		waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+		return br
+	}
+
+	br := open()
+	go func() { time.Sleep(100 * time.Millisecond); close(up.step) }()
+	if err := g.DrainStreams(context.Background()); err != nil {
+		t.Fatalf("drain of a stream that ends: %v", err)
+	}
+	if got := readEvent(t, br); got != "[DONE]" {
+		t.Fatalf("the drained stream's last event %q", got)
+	}
+
+	up.step = make(chan string)
+	br = open()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := g.DrainStreams(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain of a stream that outlasts it: %v", err)
+	}
+	if g.streams.Len() != 0 {
+		t.Fatal("a stream outlasted the drain")
+	}
+	if _, err := io.ReadAll(br); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a stream cut by the drain reads %v, want unexpected EOF", err)
+	}
+	select {
+	case <-up.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cut stream's upstream request was not cancelled")
+	}
+}
+
+// A stream that ends before its first byte is not detached: the proxy
+// copies what there is (nothing) and the connection stays the server's.
+func TestEmptyStreamNotDetached(t *testing.T) {
+	up := newSSEUpstream(t)
+	up.empty = true
+	g, addr := detachGateway(t, up.URL)
+	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || len(body) != 0 {
+		t.Fatalf("status %d, body %q, %v; want 200 and an empty answer", resp.StatusCode, body, err)
+	}
+	if n := g.streams.Len(); n != 0 {
+		t.Fatalf("%d streams detached", n)
+	}
+}
+
+// replayBody gives back what was read before the proxy copies the body,
+// then the error that came with it, or the rest.
+func TestReplayBody(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pending string
+		err     error
+		rest    string
+		want    string
+		wantErr error
+	}{
+		{"bytes then the rest", "data: a\n\n", nil, "data: b\n\n", "data: a\n\ndata: b\n\n", nil},
+		{"bytes then the end", "data: a\n\n", io.EOF, "never read", "data: a\n\n", nil},
+		{"nothing then a failure", "", io.ErrUnexpectedEOF, "never read", "", io.ErrUnexpectedEOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &replayBody{ReadCloser: io.NopCloser(strings.NewReader(tc.rest)), pending: []byte(tc.pending), err: tc.err}
+			got, err := io.ReadAll(iotest.OneByteReader(b))
+			if string(got) != tc.want || !errors.Is(err, tc.wantErr) {
+				t.Fatalf("read %q, %v; want %q, %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
