@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -93,21 +94,25 @@ type detachedStream struct {
 }
 
 // detach waits for the first bytes of resp's body, then takes w's
-// connection from the server and writes resp's head to it: the status
+// connection from the server (counted in set as detaching: the caller must
+// start the stream it returns) and writes resp's head to it: the status
 // line, the headers already set on w and resp's, and chunked framing. It
 // returns nil, leaving w untouched and resp's body whole for the proxy to
 // copy, when the body ends or fails before any byte (or with its first),
 // or when the server will not give the connection up.
-func detach(w http.ResponseWriter, resp *http.Response, via *rejoinListener, ctx context.Context, cancel context.CancelFunc) *detachedStream {
+func detach(w http.ResponseWriter, resp *http.Response, set *streamSet, via *rejoinListener, ctx context.Context, cancel context.CancelFunc) *detachedStream {
 	buf := chunkBuffers.Get().(*[chunkBufSize]byte)
 	n, err := resp.Body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
 	var conn net.Conn
 	var brw *bufio.ReadWriter
 	hijacked := false
 	if n > 0 && err == nil {
+		set.beginDetach()
 		var herr error
 		conn, brw, herr = http.NewResponseController(w).Hijack()
-		hijacked = herr == nil
+		if hijacked = herr == nil; !hijacked {
+			set.abandon()
+		}
 	}
 	if !hijacked {
 		resp.Body = &replayBody{ReadCloser: resp.Body, pending: slices.Clone(buf[chunkHeadRoom : chunkHeadRoom+n]), err: err}
@@ -243,16 +248,37 @@ func (s *detachedStream) cut() {
 }
 
 // streamSet owns the detached streams: it starts each on its goroutine,
-// and drains or cuts them at shutdown.
+// and drains or cuts them at shutdown. A stream is counted from just
+// before its connection leaves the server (detaching), so that a drain
+// that follows the server's own never misses one between the two.
 type streamSet struct {
-	wg    sync.WaitGroup
-	ended chan struct{} // a token per stream end, for drain (capacity 1)
-	mu    sync.Mutex
-	live  map[*detachedStream]struct{} // under mu
+	wg        sync.WaitGroup
+	changed   chan struct{} // a token when a stream starts or ends, for drain (capacity 1)
+	detaching atomic.Int32  // hijacks begun whose streams have not started
+
+	mu   sync.Mutex
+	live map[*detachedStream]struct{} // under mu
+	cut  bool                         // under mu: cutAll ran; streams starting after it are cut at once
 }
 
 func newStreamSet() *streamSet {
-	return &streamSet{ended: make(chan struct{}, 1), live: map[*detachedStream]struct{}{}}
+	return &streamSet{changed: make(chan struct{}, 1), live: map[*detachedStream]struct{}{}}
+}
+
+func (set *streamSet) signal() {
+	select {
+	case set.changed <- struct{}{}:
+	default:
+	}
+}
+
+// detaching counts a hijack about to begin; undo it with abandon if the
+// hijack fails, else start the stream.
+func (set *streamSet) beginDetach() { set.detaching.Add(1) }
+
+func (set *streamSet) abandon() {
+	set.detaching.Add(-1)
+	set.signal()
 }
 
 // start runs s on a goroutine of its own; end is called when it is over.
@@ -262,19 +288,22 @@ func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
 		set.mu.Lock()
 		delete(set.live, s)
 		set.mu.Unlock()
-		select {
-		case set.ended <- struct{}{}:
-		default:
-		}
+		set.signal()
 	}
 	set.mu.Lock()
 	set.live[s] = struct{}{}
-	set.mu.Unlock()
+	cutNow := set.cut
 	set.wg.Add(1)
+	set.mu.Unlock()
+	set.detaching.Add(-1)
+	if cutNow {
+		s.cut()
+	}
 	go func() {
 		defer set.wg.Done()
 		s.run()
 	}()
+	set.signal()
 }
 
 // Len is the number of streams being copied now.
@@ -288,9 +317,9 @@ func (set *streamSet) Len() int {
 // those left and waits for their goroutines. It returns ctx's error when
 // it had to cut.
 func (set *streamSet) drain(ctx context.Context) error {
-	for set.Len() > 0 {
+	for set.Len() > 0 || set.detaching.Load() > 0 {
 		select {
-		case <-set.ended:
+		case <-set.changed:
 		case <-ctx.Done():
 			set.cutAll()
 			set.wg.Wait()
@@ -301,9 +330,11 @@ func (set *streamSet) drain(ctx context.Context) error {
 	return nil
 }
 
+// cutAll cuts every stream, and every one that starts after it.
 func (set *streamSet) cutAll() {
 	set.mu.Lock()
 	defer set.mu.Unlock()
+	set.cut = true
 	for s := range set.live {
 		s.cut()
 	}

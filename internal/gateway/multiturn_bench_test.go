@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +84,9 @@ type multiTurnResult struct {
 	elapsed       time.Duration
 	hitRate       float64
 	moves, failed int
+	// The times to first token of the turns that moved site, of those
+	// that stayed, and of first turns: where the tail comes from.
+	ttftMoved, ttftStayed, ttftFirst []time.Duration
 }
 
 func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) multiTurnResult {
@@ -152,6 +156,11 @@ func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) 
 				res.ttft = append(res.ttft, ttft)
 				if last != "" && site != last {
 					res.moves++
+					res.ttftMoved = append(res.ttftMoved, ttft)
+				} else if last != "" {
+					res.ttftStayed = append(res.ttftStayed, ttft)
+				} else {
+					res.ttftFirst = append(res.ttftFirst, ttft)
 				}
 				mu.Unlock()
 				last = site
@@ -163,6 +172,19 @@ func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) 
 	wg.Wait()
 	res.elapsed = time.Since(start)
 	slices.Sort(res.ttft)
+	p99 := res.ttft[len(res.ttft)*99/100]
+	for _, part := range []struct {
+		name string
+		ttft []time.Duration
+	}{{"moved site", res.ttftMoved}, {"stayed", res.ttftStayed}, {"were first", res.ttftFirst}} {
+		if len(part.ttft) == 0 {
+			continue
+		}
+		slices.Sort(part.ttft)
+		inTail := len(part.ttft) - sort.Search(len(part.ttft), func(i int) bool { return part.ttft[i] >= p99 })
+		b.Logf("turns that %s: %d, TTFT p50 %v p99 %v, %d of them in the slowest 1%% of all", part.name, len(part.ttft),
+			part.ttft[len(part.ttft)/2].Round(time.Millisecond), part.ttft[len(part.ttft)*99/100].Round(time.Millisecond), inTail)
+	}
 	var hits, queries int64
 	for _, s := range sims {
 		l := s.Engines()[0].Load()

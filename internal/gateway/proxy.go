@@ -697,7 +697,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
 				}}
 			if via != nil && ans.stream && detachable(resp) {
-				if s := detach(tw, resp, via, outCtx, cancelOut); s != nil {
+				if s := detach(tw, resp, g.streams, via, outCtx, cancelOut); s != nil {
 					stopWatch()
 					ans.detached = s
 					resp.Body = http.NoBody // ReverseProxy closes it
