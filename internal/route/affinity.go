@@ -18,7 +18,9 @@ const (
 	// Gone: the candidate is no longer there, takes nothing (Closed),
 	// is unready or demoted, or cannot be reached.
 	Gone
-	// Saturated: its load read at the pick is at or above the threshold.
+	// Saturated: its load read at the pick is at or above the threshold,
+	// and another candidate reads below it or the bound one is beyond the
+	// bounded-loads slack of the mean (Keep).
 	Saturated
 )
 
@@ -47,8 +49,13 @@ func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board,
 // Keep decides whether a request for model bound to (site, provider) goes
 // there at nowMs: the candidate must serve the model, admit existing
 // sessions (NewAndExisting or ExistingOnly), be healthy and reachable, and
-// read below threshold. Shedding is the caller's to check first. A kept
-// request counts as one of this gateway's own sends. It allocates nothing.
+// read below threshold — or, when no other candidate reads below it
+// either, within the bounded-loads slack of the model's mean load
+// (AffinityBalance): a turn that moved would pay its whole prompt's
+// prefill at a site that queues too, adding work where there is no room,
+// while one that stays queues where its prefix is cached. Shedding is the
+// caller's to check first. A kept request counts as one of this gateway's
+// own sends. It allocates nothing.
 func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold float64, own *OwnSends) (Pick, Verdict) {
 	for _, i := range s.byModel[model] {
 		c := &s.Candidates[i]
@@ -61,7 +68,10 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 		counters := own.countersFor(s)
 		board, load := s.loadAt(i, nowMs, counters)
 		if load >= threshold {
-			return Pick{}, Saturated
+			mean, roomElsewhere := s.spread(model, i, nowMs, threshold, counters)
+			if roomElsewhere || load > (1+AffinityBalance)*mean+1/capacityOr1(c) {
+				return Pick{}, Saturated
+			}
 		}
 		if s.ageAware {
 			countSend(counters, i, c, nowMs, board)
@@ -71,18 +81,45 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 	return Pick{}, Gone
 }
 
-// PrefixBalance is the bounded-loads slack of prefix affinity: a preferred
+// AffinityBalance is the bounded-loads slack of affinity: a preferred
 // candidate takes the request only while its load is at most 1 + this
 // times the mean load of the model's candidates (plus one request), so no
-// hot prefix drowns a site (Mirrokni, Thorup and Zadimoghaddam, 2018).
-const PrefixBalance = 0.25
+// hot prefix drowns a site (Mirrokni, Thorup and Zadimoghaddam, 2018); a
+// bound session stays past the threshold, when nowhere has room, only
+// within the same slack.
+const AffinityBalance = 0.25
+
+// spread reads the open candidates of model (admitting new requests,
+// healthy, reachable) at nowMs: their capacity-weighted mean load, and
+// whether one other than skip reads below threshold. It allocates nothing.
+func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float64, counters []*sendCounter) (mean float64, roomElsewhere bool) {
+	var sum, weights float64
+	for _, i := range s.byModel[model] {
+		c := &s.Candidates[i]
+		if c.Admission != NewAndExisting || math.IsNaN(c.Score) || c.Upstream == nil {
+			continue
+		}
+		_, load := s.loadAt(i, nowMs, counters)
+		w := capacityOr1(c)
+		sum += load * w
+		weights += w
+		if i != skip && load < threshold {
+			roomElsewhere = true
+		}
+	}
+	if weights == 0 {
+		return 0, roomElsewhere
+	}
+	return sum / weights, roomElsewhere
+}
 
 // Prefer maps a prompt prefix's hash to a candidate for model by weighted
 // rendezvous hashing (each candidate's draw from the hash and its identity,
 // weighted by its ceiling: consistent, since a candidate leaving moves only
 // its own prefixes, and proportional to capacity), taking the first in the
 // prefix's order that admits new requests, is healthy, reads below
-// threshold and within the bounded-loads slack of the mean. It returns
+// threshold (unless none does) and within the bounded-loads slack of the
+// mean. It returns
 // false when none does: the preference yields to the normal pick. A
 // preferred request counts as one of this gateway's own sends. It
 // allocates nothing.
@@ -111,11 +148,18 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 		return Pick{}, false
 	}
 	mean := sum / weights
+	// The threshold binds only while some candidate reads below it (as
+	// in Keep): when none has room, a prefix's site keeps it within the
+	// slack, where its prefix is cached.
+	room := false
+	for _, l := range loads[:n] {
+		room = room || l < threshold
+	}
 	best, bestScore := -1, math.Inf(1)
 	for k, i := range group[:n] {
 		c := &s.Candidates[i]
 		w := capacityOr1(c)
-		if loads[k] >= threshold || loads[k] > (1+PrefixBalance)*mean+1/w {
+		if (room && loads[k] >= threshold) || loads[k] > (1+AffinityBalance)*mean+1/w {
 			continue
 		}
 		// Weighted rendezvous: -ln(u)/w is exponential with rate w, so the

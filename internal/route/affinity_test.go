@@ -57,6 +57,34 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 	}
 }
 
+// TestKeepStaysWhenNowhereHasRoom: past the threshold a bound session
+// moves only to a site that reads below it; when none does, it stays
+// within the bounded-loads slack of the mean (a move would add a whole
+// prompt's prefill where there is no room either), and moves beyond it.
+func TestKeepStaysWhenNowhereHasRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		aRun, bRun    float64 // of 8 and 24 slots
+		threshold     float64
+		want          Verdict
+		moveReasoning string
+	}{
+		{"room elsewhere", 7, 0, 0.8, Saturated, "b reads 0"},
+		{"nowhere has room, a near the mean", 7, 22, 0.8, Kept, "a 0.875, b 0.917, mean 0.906"},
+		{"nowhere has room, a within the slack", 7, 13, 0.5, Kept, "a 0.875 ≤ 1.25 × 0.625 + 1/8"},
+		{"nowhere has room, a beyond the slack", 7, 8, 0.3, Saturated, "a 0.875 > 1.25 × 0.469 + 1/8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "a", "b")
+			w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
+			w.teachThenRead(map[string]float64{"a": 8, "b": 24}, map[string]float64{"a": tc.aRun, "b": tc.bRun})
+			if _, v := w.build(2000).Keep("m", "a", "p", 2000, tc.threshold, nil); v != tc.want {
+				t.Fatalf("verdict %d, want %d (%s)", v, tc.want, tc.moveReasoning)
+			}
+		})
+	}
+}
+
 // TestKeepCountsOwnSends: a burst of bound requests fills its site; once
 // this gateway's own sends take it past the threshold, the rest fail over.
 func TestKeepCountsOwnSends(t *testing.T) {
@@ -122,8 +150,9 @@ func TestPreferIsConsistentAndWeighted(t *testing.T) {
 }
 
 // TestPreferBoundsLoad: prefixes that all hash to one site do not drown
-// it: once its load passes the bounded-load share of the mean, or the
-// threshold, the preference yields.
+// it: while another site has room, the preference yields at the threshold
+// (the yielded requests going on in the prefix's order); once no site has
+// room, it yields beyond the bounded-load share of the mean.
 func TestPreferBoundsLoad(t *testing.T) {
 	w := affinityWorld(t, 0)
 	snap := w.build(2000)
@@ -134,14 +163,32 @@ func TestPreferBoundsLoad(t *testing.T) {
 			break
 		}
 	}
+	counters := w.own.countersFor(snap)
+	loads := func() (a, b float64) {
+		_, a = snap.loadAt(0, 2000, counters)
+		_, b = snap.loadAt(1, 2000, counters)
+		return a, b
+	}
 	toA := 0
-	for range 40 {
-		if p, ok := snap.Prefer("m", hot, 2000, 0.8, w.own); ok && p.Candidate.Site == "a" {
+	for n := range 60 {
+		p, ok := snap.Prefer("m", hot, 2000, 0.8, w.own)
+		if !ok {
+			t.Fatalf("request %d: no site preferred", n)
+		}
+		if p.Candidate.Site == "a" {
 			toA++
 		}
+		a, b := loads()
+		if n == 19 && (toA == 0 || toA > 7) {
+			t.Errorf("of 20 requests of one hot prefix, %d went to its idle 8-slot site while the other had room, want 1–7", toA)
+		}
+		// The slack is read before a send: one request (1/8) may pass it.
+		if mean := (8*a + 24*b) / 32; a > (1+AffinityBalance)*mean+2.0/8+1e-9 {
+			t.Fatalf("request %d: a at %.3f, beyond the slack of the mean %.3f", n, a, mean)
+		}
 	}
-	if toA == 0 || toA > 7 {
-		t.Errorf("one hot prefix sent %d requests to an idle 8-slot site, want 1–7", toA)
+	if a, b := loads(); a < 0.8 || b < 0.8 {
+		t.Errorf("after 60 requests a reads %.2f and b %.2f: the overflow should fill both", a, b)
 	}
 }
 
