@@ -52,7 +52,8 @@ type Affinity struct {
 	TTL Duration `yaml:"ttl"`
 	// Threshold is the load (in-flight over learned capacity, read through
 	// its age as the default policy reads it) at which a bound or preferred
-	// site yields to the normal pick.
+	// site yields to the normal pick, when another site reads below it
+	// (route.Snapshot.Keep).
 	Threshold *float64 `yaml:"threshold"`
 	// MaxSessions and MaxBytes bound the session table; the least recently
 	// used session goes first.

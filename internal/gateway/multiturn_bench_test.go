@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -35,8 +36,24 @@ import (
 // completed per second, the engines' prefix-cache hit rate, and how many
 // turns moved site. BENCHMARKS.md has the table and the command:
 //
-//	go test ./internal/gateway -run '^$' -bench MultiTurn -benchtime 1x
-func BenchmarkMultiTurn(b *testing.B) {
+//	go test ./internal/gateway -run '^$' -bench 'MultiTurn$' -benchtime 1x
+func BenchmarkMultiTurn(b *testing.B) { benchmarkMultiTurn(b, startAffinitySite) }
+
+// BenchmarkMultiTurnSites is BenchmarkMultiTurn over three sites, each a
+// vLLM sim, an operator and a gateway peering with the other two, the
+// sessions entering by the three gateways in turn: a turn served at
+// another site goes over the hop, and each gateway reads the others'
+// load through their operators' peer polls.
+//
+//	go test ./internal/gateway -run '^$' -bench MultiTurnSites -benchtime 1x
+func BenchmarkMultiTurnSites(b *testing.B) { benchmarkMultiTurn(b, startAffinityGrid) }
+
+// topology starts the engines of the given slots and the gateways in
+// front of them, with the given affinity block, and returns the gateways'
+// client addresses, the sims and the gateways.
+type topology func(tb testing.TB, slots []int, affinity string) ([]string, []*sim.Sim, []*gateway.Gateway)
+
+func benchmarkMultiTurn(b *testing.B, topo topology) {
 	for _, load := range []float64{0.6, 0.9} {
 		for _, mode := range []string{"none", "session", "prefix"} {
 			b.Run(fmt.Sprintf("load=%.1f/affinity=%s", load, mode), func(b *testing.B) {
@@ -45,7 +62,7 @@ func BenchmarkMultiTurn(b *testing.B) {
 					if os.Getenv("GRID_MULTITURN_SESSIONS") != "" {
 						fmt.Sscan(os.Getenv("GRID_MULTITURN_SESSIONS"), &sessions)
 					}
-					r := runMultiTurn(b, mode, load, sessions, 8)
+					r := runMultiTurn(b, topo, mode, load, sessions, 8)
 					b.ReportMetric(r.ttft[len(r.ttft)/2].Seconds()*1000, "ttft-p50-ms")
 					b.ReportMetric(r.ttft[len(r.ttft)*99/100].Seconds()*1000, "ttft-p99-ms")
 					b.ReportMetric(float64(len(r.ttft))/r.elapsed.Seconds(), "req/s")
@@ -89,7 +106,7 @@ type multiTurnResult struct {
 	ttftMoved, ttftStayed, ttftFirst []time.Duration
 }
 
-func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) multiTurnResult {
+func runMultiTurn(b *testing.B, topo topology, mode string, load float64, sessions, turns int) multiTurnResult {
 	b.Helper()
 	affinity := map[string]string{
 		"none":    "",
@@ -103,7 +120,7 @@ func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) 
 	if mode != "none" {
 		affinity = fmt.Sprintf(affinity, threshold)
 	}
-	addr, sims, gw := startAffinitySite(b, []int{4, 8, 16}, affinity)
+	addrs, sims, gws := topo(b, []int{4, 8, 16}, affinity)
 	// The uncached service time of a mean turn: a prompt of the system, a
 	// first question and half the turns' history, prefilled whole, then the
 	// answer.
@@ -141,7 +158,8 @@ func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) 
 				question += strings.Repeat("tell me more about routing. ", mtQuestionSize/28+1)[:mtQuestionSize-len(question)]
 				messages = append(messages, fmt.Sprintf(`{"role":"user","content":%q}`, question))
 				body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[%s]}`, sim.DefaultModel, mtOutput, strings.Join(messages, ","))
-				req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+				// A session enters by one gateway, its users' own.
+				req, _ := http.NewRequest(http.MethodPost, "http://"+addrs[s%len(addrs)]+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				if mode == "session" {
 					req.Header.Set("X-Session-Id", fmt.Sprint("session-", s))
@@ -196,11 +214,13 @@ func runMultiTurn(b *testing.B, mode string, load float64, sessions, turns int) 
 	if len(res.ttft) == 0 {
 		b.Fatal("no turn completed")
 	}
-	rec := httptest.NewRecorder()
-	gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for _, l := range strings.Split(rec.Body.String(), "\n") {
-		if strings.HasPrefix(l, "grid_route_affinity_total") || strings.HasPrefix(l, "grid_route_decisions_total") || strings.HasPrefix(l, "grid_route_site_ceiling") {
-			b.Log(l)
+	for k, gw := range gws {
+		rec := httptest.NewRecorder()
+		gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if strings.HasPrefix(l, "grid_route_affinity_total") || strings.HasPrefix(l, "grid_route_decisions_total") || strings.HasPrefix(l, "grid_route_site_ceiling") {
+				b.Logf("gateway %d: %s", k, l)
+			}
 		}
 	}
 	return res
@@ -243,8 +263,8 @@ func streamTurn(c *http.Client, req *http.Request) (time.Duration, string, strin
 // startAffinitySite runs one site: a vLLM sim per entry of slots (one
 // engine each, caching prefixes), an operator scraping them every 100 ms as
 // providers p0, p1, …, and a gateway with the given affinity block. It
-// returns the gateway's client address and the sims.
-func startAffinitySite(tb testing.TB, slots []int, affinity string) (string, []*sim.Sim, *gateway.Gateway) {
+// returns the gateway's client address, the sims and the gateway.
+func startAffinitySite(tb testing.TB, slots []int, affinity string) ([]string, []*sim.Sim, []*gateway.Gateway) {
 	tb.Helper()
 	dir := tb.TempDir()
 	identity.Init(dir, "grid.internal", time.Now())
@@ -321,5 +341,126 @@ func startAffinitySite(tb testing.TB, slots []int, affinity string) (string, []*
 			tb.Fatalf("%d of %d providers measured after 20 s", measured, len(slots))
 		}
 	}
-	return clientAddr, sims, gw
+	return []string{clientAddr}, sims, []*gateway.Gateway{gw}
+}
+
+// startAffinityGrid runs a site per entry of slots, s0, s1, …: each a vLLM
+// sim of those slots (one engine, caching prefixes) scraped every 100 ms,
+// an operator that peers with every other site (peer polls every 200 ms,
+// long polls answering on change), and a gateway with the given affinity
+// block, serving its clients as `grid gateway` does and its peers over the
+// mTLS hop. It returns the gateways' client addresses, the sims and the
+// gateways, once every gateway has measured every site.
+func startAffinityGrid(tb testing.TB, slots []int, affinity string) ([]string, []*sim.Sim, []*gateway.Gateway) {
+	tb.Helper()
+	dir := tb.TempDir()
+	identity.Init(dir, "grid.internal", time.Now())
+	type site struct {
+		name, simURL, client, hop, signals string
+		lns                                map[string]net.Listener
+	}
+	sites := make([]*site, len(slots))
+	var sims []*sim.Sim
+	for i, n := range slots {
+		st := &site{name: fmt.Sprint("s", i), lns: map[string]net.Listener{}}
+		identity.Issue(dir, st.name, nil, time.Now())
+		for _, l := range []struct {
+			key  string
+			addr *string
+		}{{"client", &st.client}, {"hop", &st.hop}, {"signals", &st.signals}} {
+			st.lns[l.key], *l.addr = listenAny(tb)
+		}
+		sm, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: n, TTFT: mtTTFT, TPOT: mtTPOT, PrefillPerToken: mtPerToken, PrefixCacheTokens: 400_000})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ln, url := listenAny(tb)
+		serve(tb, ln, sm.Handler(), nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { sm.Run(ctx); close(done) }()
+		tb.Cleanup(func() { cancel(); <-done })
+		st.simURL = url
+		sims = append(sims, sm)
+		sites[i] = st
+	}
+	tlsBlock := func(n string) string {
+		return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, n+".crt"), filepath.Join(dir, n+".key"))
+	}
+	var addrs []string
+	var gws []*gateway.Gateway
+	for i, st := range sites {
+		var peers strings.Builder
+		for _, p := range sites {
+			if p != st {
+				fmt.Fprintf(&peers, "  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\n", p.name, p.signals, p.hop)
+			}
+		}
+		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\nscrapeInterval: 100ms\npeerPollInterval: 200ms\npeers:\n%sproviders:\n  - {name: p%d, model: %s, kind: vllm, upstream: 'http://%s', metrics: {endpoint: 'http://%s'}}\n",
+			st.name, tlsBlock(st.name), tb.TempDir(), peers.String(), i, sim.DefaultModel, st.simURL, st.simURL)
+		opCfg, err := config.ParseOperator(st.name+".yaml", []byte(opYAML))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", st.name, nil, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		op, err := operator.New(opCfg, state, operator.Options{Identity: id})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(3)
+		go func() { defer wg.Done(); op.Run(ctx) }()
+		go func() { defer wg.Done(); op.RunPeers(ctx) }()
+		go func() { defer wg.Done(); op.ServeSignals(ctx, st.lns["signals"], operator.DefaultLimits, time.Second) }()
+		tb.Cleanup(func() { cancel(); wg.Wait(); op.Close() })
+
+		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: '127.0.0.1:0'}\noperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
+			st.name, tlsBlock(st.name), st.client, st.hop, st.signals, affinity)
+		gwCfg, err := config.ParseGateway(st.name+"-gw.yaml", []byte(gwYAML))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		gw, err := gateway.New(gwCfg, gateway.Options{Identity: id})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		gctx, gcancel := context.WithCancel(context.Background())
+		gdone := make(chan struct{})
+		go func() { gw.Run(gctx); close(gdone) }()
+		srv := gw.Server(gateway.ClientListener, nil)
+		go srv.Serve(gw.Guard(gateway.ClientListener, st.lns["client"]))
+		serve(tb, st.lns["hop"], gw.HopHandler(), gateway.HopTLS(id))
+		tb.Cleanup(func() { gcancel(); <-gdone; srv.Close(); gw.Close() })
+		addrs = append(addrs, st.client)
+		gws = append(gws, gw)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ready := 0
+		for _, gw := range gws {
+			measured := 0
+			for _, c := range gw.Snapshot().Candidates {
+				if c.Measured {
+					measured++
+				}
+			}
+			if measured == len(slots) {
+				ready++
+			}
+		}
+		if ready == len(gws) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d gateways measure every site after 30 s", ready, len(gws))
+		}
+	}
+	return addrs, sims, gws
 }
