@@ -640,7 +640,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 		return notSent
 	}
 	tw := &trackingWriter{ResponseWriter: w}
-	buffer := &copyBuffer{}
+	buffer := &copyBuffer{ans: ans}
 	// An answer that may be detached (detach.go) outlives this handler,
 	// and so must its upstream request: its context is the client's
 	// without the client's end, cancelled when the client leaves while
@@ -680,8 +680,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 				return errNotDelivered
 			}
 			g.health.answered(c, resp.StatusCode, began)
-			buffer.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-			ans.stream = buffer.stream
+			ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 			resp.Header.Set(headerSite, c.Site)
 			if c.Local || resp.Header.Get(headerBackend) == "" {
 				resp.Header.Set(headerBackend, c.Provider)
@@ -852,9 +851,11 @@ func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter 
 // small, because an SSE stream holds it, mostly idle, for as long as the
 // model generates, and its events are a few hundred bytes; any other
 // answer's large, to copy a big body in few reads. The proxy asks for the
-// buffer after ModifyResponse has seen the answer's Content-Type.
+// buffer after ModifyResponse has seen the answer's Content-Type (and set
+// ans.stream). A stream that is not detached (detach.go) copies through
+// it.
 type copyBuffer struct {
-	stream bool // set by ModifyResponse: the answer is text/event-stream
+	ans *answer
 }
 
 // Buffer sizes; both pooled.
@@ -869,7 +870,7 @@ var (
 )
 
 func (c *copyBuffer) Get() []byte {
-	if c.stream {
+	if c.ans.stream {
 		return *streamBuffers.Get().(*[]byte)
 	}
 	return *bulkBuffers.Get().(*[]byte)
