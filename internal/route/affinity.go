@@ -118,11 +118,9 @@ func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float
 // weighted by its ceiling: consistent, since a candidate leaving moves only
 // its own prefixes, and proportional to capacity), taking the first in the
 // prefix's order that admits new requests, is healthy, reads below
-// threshold (unless none does) and within the bounded-loads slack of the
-// mean. It returns
-// false when none does: the preference yields to the normal pick. A
-// preferred request counts as one of this gateway's own sends. It
-// allocates nothing.
+// threshold and within the bounded-loads slack of the mean. It returns false when none does: the preference yields to the
+// normal pick. A preferred request counts as one of this gateway's own
+// sends. It allocates nothing.
 func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold float64, own *OwnSends) (Pick, bool) {
 	if s.Shedding[model] {
 		return Pick{}, false
@@ -148,18 +146,16 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 		return Pick{}, false
 	}
 	mean := sum / weights
-	// The threshold binds only while some candidate reads below it (as
-	// in Keep): when none has room, a prefix's site keeps it within the
-	// slack, where its prefix is cached.
-	room := false
-	for _, l := range loads[:n] {
-		room = room || l < threshold
-	}
+	// Unlike Keep, the threshold binds even when no candidate reads below
+	// it: every gateway sends a prefix to the same site, and each counts
+	// only its own sends, so keeping prefixes past the threshold piles
+	// them on one site (measured: BENCHMARKS.md, affinity over three
+	// sites).
 	best, bestScore := -1, math.Inf(1)
 	for k, i := range group[:n] {
 		c := &s.Candidates[i]
 		w := capacityOr1(c)
-		if (room && loads[k] >= threshold) || loads[k] > (1+AffinityBalance)*mean+1/w {
+		if loads[k] >= threshold || loads[k] > (1+AffinityBalance)*mean+1/w {
 			continue
 		}
 		// Weighted rendezvous: -ln(u)/w is exponential with rate w, so the
