@@ -269,78 +269,21 @@ func startAffinitySite(tb testing.TB, slots []int, affinity string) ([]string, [
 	dir := tb.TempDir()
 	identity.Init(dir, "grid.internal", time.Now())
 	identity.Issue(dir, "east", nil, time.Now())
-	tlsBlock := fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, "east.crt"), filepath.Join(dir, "east.key"))
 	var sims []*sim.Sim
 	var providers strings.Builder
 	for i, n := range slots {
-		s, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: n, TTFT: mtTTFT, TPOT: mtTPOT, PrefillPerToken: mtPerToken, PrefixCacheTokens: 400_000})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ln, url := listenAny(tb)
-		serve(tb, ln, s.Handler(), nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { s.Run(ctx); close(done) }()
-		tb.Cleanup(func() { cancel(); <-done })
+		s, url := startCachingSim(tb, n)
 		sims = append(sims, s)
 		fmt.Fprintf(&providers, "  - {name: p%d, model: %s, kind: vllm, upstream: 'http://%s', metrics: {endpoint: 'http://%s'}}\n", i, sim.DefaultModel, url, url)
 	}
 	signalsLn, signalsAddr := listenAny(tb)
-	opCfg, err := config.ParseOperator("east.yaml", []byte(fmt.Sprintf("site: east\n%sstateDir: %s\nscrapeInterval: 100ms\nproviders:\n%s",
-		tlsBlock, tb.TempDir(), providers.String())))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", "east", nil, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	op, err := operator.New(opCfg, state, operator.Options{Identity: id})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); op.Run(ctx) }()
-	go func() { defer wg.Done(); op.ServeSignals(ctx, signalsLn, operator.DefaultLimits, time.Second) }()
-	tb.Cleanup(func() { cancel(); wg.Wait(); op.Close() })
-
+	id := startBenchOperator(tb, "east", fmt.Sprintf("site: east\n%sstateDir: %s\nscrapeInterval: 100ms\nproviders:\n%s",
+		benchTLS(dir, "east"), tb.TempDir(), providers.String()), signalsLn)
 	clientLn, clientAddr := listenAny(tb)
-	gwCfg, err := config.ParseGateway("east-gw.yaml", []byte(fmt.Sprintf("site: east\n%soperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
-		tlsBlock, signalsAddr, affinity)))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	gw, err := gateway.New(gwCfg, gateway.Options{Identity: id})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	gctx, gcancel := context.WithCancel(context.Background())
-	gdone := make(chan struct{})
-	go func() { gw.Run(gctx); close(gdone) }()
+	gw := startBenchGateway(tb, "east", fmt.Sprintf("site: east\n%soperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
+		benchTLS(dir, "east"), signalsAddr, affinity), id)
 	serve(tb, clientLn, gw.ClientHandler(), nil)
-	tb.Cleanup(func() { gcancel(); <-gdone; gw.Close() })
-	// Ready when every provider is measured.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		measured := 0
-		for _, c := range gw.Snapshot().Candidates {
-			if c.Measured {
-				measured++
-			}
-		}
-		if measured == len(slots) {
-			break
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("%d of %d providers measured after 20 s", measured, len(slots))
-		}
-	}
+	waitMeasured(tb, []*gateway.Gateway{gw}, len(slots))
 	return []string{clientAddr}, sims, []*gateway.Gateway{gw}
 }
 
@@ -370,22 +313,10 @@ func startAffinityGrid(tb testing.TB, slots []int, affinity string) ([]string, [
 		}{{"client", &st.client}, {"hop", &st.hop}, {"signals", &st.signals}} {
 			st.lns[l.key], *l.addr = listenAny(tb)
 		}
-		sm, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: n, TTFT: mtTTFT, TPOT: mtTPOT, PrefillPerToken: mtPerToken, PrefixCacheTokens: 400_000})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ln, url := listenAny(tb)
-		serve(tb, ln, sm.Handler(), nil)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { sm.Run(ctx); close(done) }()
-		tb.Cleanup(func() { cancel(); <-done })
-		st.simURL = url
+		var sm *sim.Sim
+		sm, st.simURL = startCachingSim(tb, n)
 		sims = append(sims, sm)
 		sites[i] = st
-	}
-	tlsBlock := func(n string) string {
-		return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, n+".crt"), filepath.Join(dir, n+".key"))
 	}
 	var addrs []string
 	var gws []*gateway.Gateway
@@ -396,52 +327,93 @@ func startAffinityGrid(tb testing.TB, slots []int, affinity string) ([]string, [
 				fmt.Fprintf(&peers, "  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\n", p.name, p.signals, p.hop)
 			}
 		}
-		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\nscrapeInterval: 100ms\npeerPollInterval: 200ms\npeers:\n%sproviders:\n  - {name: p%d, model: %s, kind: vllm, upstream: 'http://%s', metrics: {endpoint: 'http://%s'}}\n",
-			st.name, tlsBlock(st.name), tb.TempDir(), peers.String(), i, sim.DefaultModel, st.simURL, st.simURL)
-		opCfg, err := config.ParseOperator(st.name+".yaml", []byte(opYAML))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", st.name, nil, nil)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		op, err := operator.New(opCfg, state, operator.Options{Identity: id})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Add(3)
-		go func() { defer wg.Done(); op.Run(ctx) }()
-		go func() { defer wg.Done(); op.RunPeers(ctx) }()
-		go func() { defer wg.Done(); op.ServeSignals(ctx, st.lns["signals"], operator.DefaultLimits, time.Second) }()
-		tb.Cleanup(func() { cancel(); wg.Wait(); op.Close() })
-
-		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: '127.0.0.1:0'}\noperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
-			st.name, tlsBlock(st.name), st.client, st.hop, st.signals, affinity)
-		gwCfg, err := config.ParseGateway(st.name+"-gw.yaml", []byte(gwYAML))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		gw, err := gateway.New(gwCfg, gateway.Options{Identity: id})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		gctx, gcancel := context.WithCancel(context.Background())
-		gdone := make(chan struct{})
-		go func() { gw.Run(gctx); close(gdone) }()
+		id := startBenchOperator(tb, st.name, fmt.Sprintf("site: %s\n%sstateDir: %s\nscrapeInterval: 100ms\npeerPollInterval: 200ms\npeers:\n%sproviders:\n  - {name: p%d, model: %s, kind: vllm, upstream: 'http://%s', metrics: {endpoint: 'http://%s'}}\n",
+			st.name, benchTLS(dir, st.name), tb.TempDir(), peers.String(), i, sim.DefaultModel, st.simURL, st.simURL), st.lns["signals"])
+		gw := startBenchGateway(tb, st.name, fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: '127.0.0.1:0'}\noperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
+			st.name, benchTLS(dir, st.name), st.client, st.hop, st.signals, affinity), id)
 		srv := gw.Server(gateway.ClientListener, nil)
 		go srv.Serve(gw.Guard(gateway.ClientListener, st.lns["client"]))
+		tb.Cleanup(func() { srv.Close() })
 		serve(tb, st.lns["hop"], gw.HopHandler(), gateway.HopTLS(id))
-		tb.Cleanup(func() { gcancel(); <-gdone; srv.Close(); gw.Close() })
 		addrs = append(addrs, st.client)
 		gws = append(gws, gw)
 	}
+	waitMeasured(tb, gws, len(slots))
+	return addrs, sims, gws
+}
+
+// benchTLS is the tls block of site's configuration, its files in dir.
+func benchTLS(dir, site string) string {
+	return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, site+".crt"), filepath.Join(dir, site+".key"))
+}
+
+// startCachingSim serves a vLLM sim of the given slots, one engine that
+// caches prompt prefixes, with the workload's timings, until the benchmark
+// ends; it returns the sim and its address.
+func startCachingSim(tb testing.TB, slots int) (*sim.Sim, string) {
+	s, err := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: slots, TTFT: mtTTFT, TPOT: mtTPOT, PrefillPerToken: mtPerToken, PrefixCacheTokens: 400_000})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ln, url := listenAny(tb)
+	serve(tb, ln, s.Handler(), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	return s, url
+}
+
+// startBenchOperator runs the operator of site's configuration (yaml),
+// its scrapes, peer polls and signals listener on signals, until the
+// benchmark ends; it returns the site's identity.
+func startBenchOperator(tb testing.TB, site, yaml string, signals net.Listener) *identity.Source {
+	opCfg, err := config.ParseOperator(site+".yaml", []byte(yaml))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id, err := identity.LoadSource(*opCfg.TLS, "grid.internal", site, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	state, err := operator.OpenState(opCfg.StateDir, time.Now().UnixMilli(), opCfg.Providers, operator.OpenOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	op, err := operator.New(opCfg, state, operator.Options{Identity: id})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); op.Run(ctx) }()
+	go func() { defer wg.Done(); op.RunPeers(ctx) }()
+	go func() { defer wg.Done(); op.ServeSignals(ctx, signals, operator.DefaultLimits, time.Second) }()
+	tb.Cleanup(func() { cancel(); wg.Wait(); op.Close() })
+	return id
+}
+
+// startBenchGateway runs the gateway of site's configuration (yaml) until
+// the benchmark ends; its listeners are the caller's to serve.
+func startBenchGateway(tb testing.TB, site, yaml string, id *identity.Source) *gateway.Gateway {
+	gwCfg, err := config.ParseGateway(site+"-gw.yaml", []byte(yaml))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gw, err := gateway.New(gwCfg, gateway.Options{Identity: id})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { gw.Run(ctx); close(done) }()
+	tb.Cleanup(func() { cancel(); <-done; gw.Close() })
+	return gw
+}
+
+// waitMeasured returns once every gateway has measured n providers.
+func waitMeasured(tb testing.TB, gws []*gateway.Gateway, n int) {
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ready := 0
 		for _, gw := range gws {
@@ -451,16 +423,15 @@ func startAffinityGrid(tb testing.TB, slots []int, affinity string) ([]string, [
 					measured++
 				}
 			}
-			if measured == len(slots) {
+			if measured == n {
 				ready++
 			}
 		}
 		if ready == len(gws) {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("%d of %d gateways measure every site after 30 s", ready, len(gws))
+			tb.Fatalf("%d of %d gateways measure all %d providers after 30 s", ready, len(gws), n)
 		}
 	}
-	return addrs, sims, gws
 }
