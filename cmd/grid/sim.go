@@ -64,8 +64,11 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	err := srv.Shutdown(sctx)
-	if err == nil && len(more) > 0 {
-		err = more[0](sctx)
+	for _, drainMore := range more {
+		if err != nil {
+			break
+		}
+		err = drainMore(sctx)
 	}
 	if err != nil {
 		srv.Close()

@@ -51,9 +51,9 @@ type Affinity struct {
 	// most 24 h).
 	TTL Duration `yaml:"ttl"`
 	// Threshold is the load (in-flight over learned capacity, read through
-	// its age as the default policy reads it) at which a bound or preferred
-	// site yields to the normal pick, when another site reads below it
-	// (route.Snapshot.Keep).
+	// its age as the default policy reads it) at which a bound site yields
+	// to the normal pick when another site reads below it
+	// (route.Snapshot.Keep), and a preferred one always (Prefer).
 	Threshold *float64 `yaml:"threshold"`
 	// MaxSessions and MaxBytes bound the session table; the least recently
 	// used session goes first.
