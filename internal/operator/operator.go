@@ -86,6 +86,9 @@ type provider struct {
 	scraped bool
 	// failing is true while the latest scrape failed.
 	failing bool
+	// removed: a reload dropped the provider; a scrape that was waiting
+	// for mu, or is started by a pass that listed it before, does nothing.
+	removed bool
 }
 
 // New builds an operator from a validated configuration and its opened
@@ -169,6 +172,9 @@ func (o *Operator) Pass(ctx context.Context) {
 func (o *Operator) scrape(ctx context.Context, p *provider) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.removed {
+		return
+	}
 	// Before its first verdict a provider counts as ready: a 404 from an
 	// engine that answers at all is remembered from the first scrape.
 	ready := !p.scraped || !p.verdict.Excludes()
@@ -384,6 +390,12 @@ func (o *Operator) Reload(next *config.Operator) error {
 		o.memo.Forget(p.target.LoadsURL)
 		p.target.Close()
 		if !keep {
+			// A scrape in flight holds p.mu to its publication: wait for
+			// it, so that neither its rows nor its series come back after
+			// they are deleted here.
+			p.mu.Lock()
+			p.removed = true
+			p.mu.Unlock()
 			o.providers.Delete(name)
 			o.site.Delete(name)
 			o.m.forgetProvider(name)
