@@ -258,7 +258,7 @@ type streamSet struct {
 
 	mu   sync.Mutex
 	live map[*detachedStream]struct{} // under mu
-	cut  bool                         // under mu: cutAll ran; streams starting after it are cut at once
+	cut  bool                         // under mu: cutAndWait ran; streams starting after it are cut at once
 }
 
 func newStreamSet() *streamSet {
@@ -291,14 +291,19 @@ func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
 		set.signal()
 	}
 	set.mu.Lock()
+	if set.cut {
+		// After cutAndWait: end the stream here, cut, so that no
+		// goroutine is added to a group already waited for.
+		set.mu.Unlock()
+		set.detaching.Add(-1)
+		s.cut()
+		s.run()
+		return
+	}
 	set.live[s] = struct{}{}
-	cutNow := set.cut
 	set.wg.Add(1)
 	set.mu.Unlock()
 	set.detaching.Add(-1)
-	if cutNow {
-		s.cut()
-	}
 	go func() {
 		defer set.wg.Done()
 		s.run()
@@ -321,8 +326,7 @@ func (set *streamSet) drain(ctx context.Context) error {
 		select {
 		case <-set.changed:
 		case <-ctx.Done():
-			set.cutAll()
-			set.wg.Wait()
+			set.cutAndWait()
 			return ctx.Err()
 		}
 	}
@@ -330,14 +334,16 @@ func (set *streamSet) drain(ctx context.Context) error {
 	return nil
 }
 
-// cutAll cuts every stream, and every one that starts after it.
-func (set *streamSet) cutAll() {
+// cutAndWait cuts every stream, and every one that starts after it, and
+// waits for their goroutines.
+func (set *streamSet) cutAndWait() {
 	set.mu.Lock()
-	defer set.mu.Unlock()
 	set.cut = true
 	for s := range set.live {
 		s.cut()
 	}
+	set.mu.Unlock()
+	set.wg.Wait()
 }
 
 // rejoinListener is the client listener with a way back in: Accept yields

@@ -290,12 +290,15 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	start := g.clk.Now()
 	g.touch()
 	outcome := "routed"
+	observe := func(outcome string) {
+		g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
+	}
 	// stream: the answer goes on after this handler returns (detach.go),
 	// and is counted when it ends.
 	var stream *detachedStream
 	defer func() {
 		if stream == nil {
-			g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
+			observe(outcome)
 		}
 	}()
 
@@ -369,9 +372,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 	outcome, served, stream = g.proxy(w, r, body, snap, model, pick, turn, hop)
 	g.bind(sess, pick, served)
 	if stream != nil {
-		g.streams.start(stream, func(outcome string) {
-			g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
-		})
+		g.streams.start(stream, observe)
 	}
 }
 
@@ -892,8 +893,7 @@ func (g *Gateway) DrainStreams(ctx context.Context) error { return g.streams.dra
 // Close cuts the detached streams still running and releases idle
 // upstream connections.
 func (g *Gateway) Close() {
-	g.streams.cutAll()
-	g.streams.wg.Wait()
+	g.streams.cutAndWait()
 	g.upstreams.close()
 	g.opClient.CloseIdleConnections()
 }
