@@ -590,8 +590,9 @@ func (g *Gateway) siteDuration(site string) *route.ServiceTime {
 	return st.(*route.ServiceTime)
 }
 
-// siteMeans is the pace of every site seen enough of
-// (route.Settings.SiteMeanMs), dropping sites no candidate of base is at.
+// siteMeans is the pace of every site whose requests can be told apart
+// from the rest (route.SitePace, route.Settings.SiteMeanMs), dropping sites
+// no candidate of base is at.
 func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
 	live := map[string]bool{}
 	for _, c := range base {
@@ -603,8 +604,10 @@ func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
 		switch {
 		case !live[site]:
 			g.siteDurations.Delete(site)
-		case st.Settled():
-			out[site] = st.MeanMs()
+		default:
+			if ms, ok := route.SitePace(&g.durations, st); ok {
+				out[site] = ms
+			}
 		}
 		return true
 	})

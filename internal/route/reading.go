@@ -49,6 +49,10 @@ type Reading struct {
 	// that herding keeps deep in a queue is never seen congested at a
 	// count near its size.
 	LeastCongestedRunning Opt
+	// MostRunning is the most requests seen running at once (running ×
+	// ready) at any instant, waiting or not: concurrency the provider has
+	// demonstrably served (the soft bound learns from it).
+	MostRunning Opt
 	// LatestInFlight is the in-flight count of the newest joined instant,
 	// and LatestAt that instant: what the age-aware policy starts from.
 	LatestInFlight Opt
@@ -145,6 +149,9 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 		}
 		if !r.InFlight.OK || x.V > r.InFlight.V {
 			r.InFlight = x
+		}
+		if busy := rn.V * rd.V; !r.MostRunning.OK || busy > r.MostRunning.V {
+			r.MostRunning = some(busy)
 		}
 		r.LatestInFlight, r.LatestAt = x, lead.At
 		if q.V < queueFull && h.V < 1 {

@@ -1,6 +1,9 @@
 package route
 
-import "testing"
+import (
+	"math/rand/v2"
+	"testing"
+)
 
 // TestServiceTimeIgnoresAHerd: the age unit is the least recent window's
 // mean of requests sent with room; a herd that sets in (durations five
@@ -89,5 +92,67 @@ func TestServiceTimeForgetsAZeroFirstToken(t *testing.T) {
 	}
 	if got := s.MeanMs(); got != 1150 {
 		t.Errorf("after the first tokens slowed to 200 ms: %v ms, want 1150", got)
+	}
+}
+
+// TestSitePaceOnlyWhenTellable: a site is read in its own unit only once
+// its requests can be told apart from all of the gateway's. Durations
+// drawn from one exponential law at every site teach no site a pace of its
+// own (its estimate from a share of the requests is noise, and a pace a few
+// percent fast overfills the site at load 0.9). Once one site is four
+// times slower it is read at four times the pace of the others, which are
+// then told apart from the mix too.
+func TestSitePaceOnlyWhenTellable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var all ServiceTime
+	sites := make([]ServiceTime, 5)
+	for range 8 * serviceWindows * serviceWindow {
+		i := rng.IntN(len(sites))
+		ms := 1000 * rng.ExpFloat64()
+		sites[i].ObserveStream(0, ms)
+		all.ObserveStream(0, ms)
+	}
+	for i := range sites {
+		if ms, ok := SitePace(&all, &sites[i]); ok {
+			t.Errorf("site %d, paced as all the others: its own unit %.0f ms, want none", i, ms)
+		}
+	}
+	var slow ServiceTime
+	for range 8 * serviceWindows * serviceWindow {
+		i := rng.IntN(len(sites) + 1)
+		if i == len(sites) {
+			ms := 4000 * rng.ExpFloat64()
+			slow.ObserveStream(0, ms)
+			all.ObserveStream(0, ms)
+			continue
+		}
+		ms := 1000 * rng.ExpFloat64()
+		sites[i].ObserveStream(0, ms)
+		all.ObserveStream(0, ms)
+	}
+	slowMs, ok := SitePace(&all, &slow)
+	if !ok {
+		t.Fatal("a site four times slower: no pace of its own")
+	}
+	for i := range sites {
+		ms, ok := SitePace(&all, &sites[i])
+		if !ok {
+			t.Errorf("site %d beside a slow one: no pace of its own", i)
+			continue
+		}
+		if ratio := slowMs / ms; ratio < 3.4 || ratio > 4.6 {
+			t.Errorf("site %d: the slow site's pace %.0f ms is %.1f× its %.0f ms, want about 4×", i, slowMs, ratio, ms)
+		}
+	}
+	var young ServiceTime
+	for range serviceWindow - 1 {
+		young.ObserveStream(0, 4000*rng.ExpFloat64())
+	}
+	if _, ok := SitePace(&all, &young); ok {
+		t.Error("a site without a full window: a pace of its own, want none")
+	}
+	young.ObserveStream(0, 4000*rng.ExpFloat64())
+	if _, ok := SitePace(&all, &young); !ok {
+		t.Error("a site four times slower, after one window: no pace of its own")
 	}
 }

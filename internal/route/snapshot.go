@@ -383,24 +383,46 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	}
 }
 
-// learnBounds returns the soft bound (the most held with nothing queued,
-// decayed by the half-life), the hard bound (the least held at a
-// demonstrated limit, forgotten at the same pace) and the effective ceiling
-// the in-flight count is read against. A sample taken while requests waited,
-// or without a whole batch, teaches the soft bound nothing.
+// learnBounds returns the soft bound (the most held with nothing queued, or
+// the most seen running at once), the hard bound (the least running at a
+// demonstrated limit, growing back by the half-life) and the effective
+// ceiling the in-flight count is read against. The queued part of a sample
+// teaches nothing, and a sample without a whole batch teaches neither
+// bound. Under the single ceiling (the reference's model) the soft bound is
+// the whole ceiling, learned from samples with nothing waiting only and
+// decayed by the half-life.
 func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, set Settings) (soft float64, hard Opt, effective float64) {
 	decay := 1.0
 	if prev != nil {
 		decay = math.Pow(0.5, float64(max(now-prev.atMs, 0))/set.CeilingHalfLifeMs)
 	}
-	decayed := 0.0
-	if prev != nil {
+	// The reference's single ceiling decays, so that a site that shrank is
+	// re-learned. Under the two bounds the hard bound learns a shrink (a
+	// backlog at a lower running count), and the soft bound keeps what
+	// was demonstrated: decayed, it fell below the capacity of a site the
+	// traffic did not fill, which then drew less, showed less, and was
+	// starved (docs/routing.md).
+	var decayed float64
+	switch {
+	case prev == nil:
+	case set.SingleCeiling:
 		decayed = prev.soft * decay
+	default:
+		decayed = prev.soft
 	}
 	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
-	taught := r.InFlight.V
-	if waiting || !learnable {
-		taught = 0
+	// clean is the most held with nothing waiting; taught adds the most
+	// seen running at any instant, queue or not: the queued part of an
+	// in-flight count teaches nothing, the running part was served.
+	var clean, taught float64
+	if learnable {
+		if !waiting {
+			clean = r.InFlight.V
+		}
+		taught = clean
+		if !set.SingleCeiling {
+			taught = max(clean, r.MostRunning.V)
+		}
 	}
 	soft = max(decayed, taught, set.CeilingFloor)
 	if set.SingleCeiling {
@@ -413,7 +435,7 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, se
 	if least := recent.LeastCongestedRunning; learnable && least.OK && least.V >= 1 && (!hard.OK || least.V < hard.V) {
 		hard = least
 	}
-	if hard.OK && taught > hard.V {
+	if hard.OK && clean > hard.V {
 		hard = Opt{} // held more than the "limit" with nothing queued: it moved
 	}
 	if !hard.OK {

@@ -73,3 +73,38 @@ func TestRoutingTable(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedBoardsHoldTheTargets: gateways that read one board (sync) and
+// sites whose readings refresh at their own phases (per-site), with readings
+// ten mean durations apart, the staleness at which the default herded
+// (1.31-1.45 mean durations against the oracle's 1.06). The targets
+// on the seeds' mean: within 1.15× of the oracle at K = 4 and 1.25× at
+// K = 16, p99 within 1.05× of weighted round robin's. Under the race detector
+// one seed of fewer requests runs, against a looser bound: a herd is 2-10×.
+func TestSharedBoardsHoldTheTargets(t *testing.T) {
+	g := Grid{Slots: []int{8, 16, 32}, Phases: []Phases{PhasesSync, PhasesPerSite}, Gateways: []int{4, 16},
+		Loads: []float64{0.9}, Ages: []float64{10}, Policies: []string{WeightedRR, AgeAware, Oracle},
+		Seeds: 3, Seed: 7, Requests: 30_000}
+	slack := map[int]float64{4: 1.15, 16: 1.25}
+	p99Slack := 1.05
+	if raceEnabled {
+		g.Seeds, g.Requests, g.Gateways = 1, 10_000, []int{4}
+		slack[4], p99Slack = 1.35, 1.2
+	}
+	byKey := map[string]Cell{}
+	for _, c := range g.Run() {
+		byKey[fmt.Sprint(c.Policy, c.Phases, c.Gateways)] = c
+	}
+	for _, ph := range g.Phases {
+		for _, k := range g.Gateways {
+			aa, or, wrr := byKey[fmt.Sprint(AgeAware, ph, k)], byKey[fmt.Sprint(Oracle, ph, k)], byKey[fmt.Sprint(WeightedRR, ph, k)]
+			t.Logf("%s K=%d T=10: age-aware %.3f±%.3f/p99 %.2f, oracle %.3f, weighted-rr %.3f/p99 %.2f", ph, k, aa.Mean, aa.MeanCI, aa.P99, or.Mean, wrr.Mean, wrr.P99)
+			if aa.Mean > slack[k]*or.Mean {
+				t.Errorf("%s, K=%d, T=10: age-aware mean %.3f > %.2f × the oracle's %.3f", ph, k, aa.Mean, slack[k], or.Mean)
+			}
+			if aa.P99 > p99Slack*wrr.P99 {
+				t.Errorf("%s, K=%d, T=10: age-aware p99 %.2f > %.2f × weighted round robin's %.2f", ph, k, aa.P99, p99Slack, wrr.P99)
+			}
+		}
+	}
+}
