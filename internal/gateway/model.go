@@ -23,20 +23,30 @@ var (
 // name "model" at most once at the top level; values of other keys are
 // skipped without allocating.
 func ModelOf(body []byte) (string, error) {
-	model, _, err := parseRequest(body)
-	return model, err
+	head, err := parseRequest(body)
+	return head.model, err
+}
+
+// requestHead is what the gateway reads of a request body.
+type requestHead struct {
+	model string
+	// prompt is the leading part of the prompt that prefix affinity hashes
+	// (promptHead); nil when the body has none.
+	prompt []byte
+	// stream: the body asks for a stream ("stream": true), the only
+	// answers that may be detached (detach.go).
+	stream bool
 }
 
 // parseRequest reads a request body's model (as ModelOf) and, in the same
-// pass, the leading part of its prompt that prefix affinity hashes
-// (promptHead); prompt is nil when the body has none.
-func parseRequest(body []byte) (model string, prompt []byte, err error) {
+// pass, its prompt's head and whether it asks for a stream.
+func parseRequest(body []byte) (head requestHead, err error) {
 	if !json.Valid(body) {
-		return "", nil, errInvalidJSON
+		return requestHead{}, errInvalidJSON
 	}
 	i := skipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
-		return "", nil, errInvalidJSON
+		return requestHead{}, errInvalidJSON
 	}
 	i++
 	found := false
@@ -44,10 +54,10 @@ func parseRequest(body []byte) (model string, prompt []byte, err error) {
 		i = skipSpace(body, i)
 		switch body[i] {
 		case '}':
-			if !found || model == "" {
-				return "", prompt, errNoModel
+			if !found || head.model == "" {
+				return head, errNoModel // the model may come from a header
 			}
-			return model, prompt, nil
+			return head, nil
 		case ',':
 			i = skipSpace(body, i+1)
 		}
@@ -59,16 +69,18 @@ func parseRequest(body []byte) (model string, prompt []byte, err error) {
 		switch {
 		case isModelKey(key):
 			if found {
-				return "", nil, errAmbiguousModel
+				return requestHead{}, errAmbiguousModel
 			}
 			found = true
 			if body[i] == '"' {
-				if err := json.Unmarshal(body[i:valueEnd], &model); err != nil {
-					return "", nil, errInvalidJSON
+				if err := json.Unmarshal(body[i:valueEnd], &head.model); err != nil {
+					return requestHead{}, errInvalidJSON
 				}
 			}
-		case prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
-			prompt = promptHead(body[i:valueEnd])
+		case head.prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
+			head.prompt = promptHead(body[i:valueEnd])
+		case string(key) == `"stream"`:
+			head.stream = string(body[i:valueEnd]) == "true"
 		}
 		i = valueEnd
 	}

@@ -131,6 +131,30 @@ func TestRefusalTableIsDocumented(t *testing.T) {
 	}
 }
 
+// TestRequestAsksForAStream: only a top-level "stream": true asks for a
+// stream, the one kind of answer the gateway may detach (detach.go); any
+// other request skips building what a detached answer needs.
+func TestRequestAsksForAStream(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","stream":true}`:                  true,
+		`{"stream" : true ,"model":"m"}`:               true,
+		`{"model":"m","stream":false}`:                 false,
+		`{"model":"m","stream":"true"}`:                false,
+		`{"model":"m","options":{"stream":true}}`:      false,
+		`{"model":"m","messages":[{"stream":true}]}`:   false,
+		`{"model":"m"}`:                                false,
+		`{"stream":true,"messages":[{"role":"user"}]}`: true, // the model from X-Model
+	} {
+		h, err := parseRequest([]byte(body))
+		if err != nil && err != errNoModel {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if h.stream != want {
+			t.Errorf("%s: stream %v, want %v", body, h.stream, want)
+		}
+	}
+}
+
 // TestPromptHeadStaysOverTurns: the part prefix affinity hashes is the same
 // on every turn of a conversation (the system prompt and the first user
 // message), and differs between conversations.
@@ -140,11 +164,11 @@ func TestPromptHeadStaysOverTurns(t *testing.T) {
 	other := `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Fix my code"}]}`
 	head := func(body string) string {
 		t.Helper()
-		_, p, err := parseRequest([]byte(body))
+		h, err := parseRequest([]byte(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return string(p)
+		return string(h.prompt)
 	}
 	want := `[{"role":"system","content":"You are terse."},{"role":"user","content":"Plan a trip"}`
 	if h1, h2 := head(turn1), head(turn2); h1 != want || h2 != want {
@@ -173,12 +197,12 @@ func FuzzPromptHead(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":[1,2,3]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		m1, err1 := ModelOf(body)
-		m2, head, err2 := parseRequest(body)
-		if m1 != m2 || err1 != err2 {
-			t.Fatalf("parseRequest (%q, %v) disagrees with ModelOf (%q, %v)", m2, err2, m1, err1)
+		h, err2 := parseRequest(body)
+		if m1 != h.model || err1 != err2 {
+			t.Fatalf("parseRequest (%q, %v) disagrees with ModelOf (%q, %v)", h.model, err2, m1, err1)
 		}
-		if head != nil && !bytes.Contains(body, head) {
-			t.Fatalf("head %q is not part of the body", head)
+		if h.prompt != nil && !bytes.Contains(body, h.prompt) {
+			t.Fatalf("head %q is not part of the body", h.prompt)
 		}
 	})
 }

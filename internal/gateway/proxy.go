@@ -314,7 +314,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	model := r.Header.Get(headerModel)
-	bodyModel, prompt, err := parseRequest(body)
+	head, err := parseRequest(body)
 	var bad *apiError
 	switch err {
 	case errInvalidJSON:
@@ -329,7 +329,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	if model == "" {
-		model = bodyModel
+		model = head.model
 	}
 	if model == "" {
 		outcome = "bad_request"
@@ -360,7 +360,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		refusal.write(w, turn)
 		return
 	}
-	pick, sess := g.pick(r, snap, model, prompt, turn, hop, boundProvider)
+	pick, sess := g.pick(r, snap, model, head.prompt, turn, hop, boundProvider)
 	if pick.Candidate == nil {
 		if pick.Outcome != route.Shed {
 			notDelivered(w, hop)
@@ -369,7 +369,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request, hop bool) {
 		return
 	}
 	var served affinity.Binding
-	outcome, served, stream = g.proxy(w, r, body, snap, model, pick, turn, hop)
+	outcome, served, stream = g.proxy(w, r, outbound{body: body, stream: head.stream}, snap, model, pick, turn, hop)
 	g.bind(sess, pick, served)
 	if stream != nil {
 		g.streams.start(stream, observe)
@@ -460,7 +460,7 @@ const (
 // (detach.go; the caller starts it). A request that came over the hop and
 // could not be delivered says so (headerNotDelivered), so the entry
 // gateway tries elsewhere as it would for a refused connection.
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) (string, affinity.Binding, *detachedStream) {
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, out outbound, snap *route.Snapshot, model string, pick route.Pick, turn uint64, hop bool) (string, affinity.Binding, *detachedStream) {
 	for try := 0; try < 2; try++ {
 		c := pick.Candidate
 		reason := "routed"
@@ -473,7 +473,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request, body []byte, sna
 		g.picks.add(c.Site)
 		began := g.clk.Now()
 		ans := answer{bound: pick.Path == route.PathSession}
-		switch g.forward(w, r, body, c, began, &ans) {
+		switch g.forward(w, r, out, c, began, &ans) {
 		case delivered:
 			served := affinity.Binding{Site: c.Site, Provider: ans.provider}
 			if s := ans.detached; s != nil {
@@ -614,6 +614,13 @@ func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
 	return out
 }
 
+// outbound is what the gateway sends upstream: the request's body, and
+// whether it asked for a stream (requestHead.stream).
+type outbound struct {
+	body   []byte
+	stream bool
+}
+
 // attempt is how one try to deliver a request ended.
 type attempt uint8
 
@@ -637,7 +644,7 @@ var errNotDelivered = errors.New("the peer gateway could not deliver the request
 // forward proxies one attempt to c, streaming the answer through
 // unbuffered. Every failure is classified and counted
 // (grid_gateway_upstream_errors_total) and told to passive health.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c *route.Candidate, began time.Time, ans *answer) (result attempt) {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, out outbound, c *route.Candidate, began time.Time, ans *answer) (result attempt) {
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
 		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
@@ -648,9 +655,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 	// An answer that may be detached (detach.go) outlives this handler,
 	// and so must its upstream request: its context is the client's
 	// without the client's end, cancelled when the client leaves while
-	// the handler runs, and by the detached stream after.
+	// the handler runs, and by the detached stream after. Only a request
+	// that asks for a stream pays for that context.
 	outCtx := r.Context()
-	via := detachVia(r)
+	var via *rejoinListener
+	if out.stream {
+		via = detachVia(r)
+	}
 	var stopWatch func() bool
 	var cancelOut context.CancelFunc
 	if via != nil {
@@ -673,8 +684,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, c
 			if ans.bound && !c.Local {
 				pr.Out.Header.Set(headerBoundProvider, c.Provider)
 			}
-			pr.Out.Body = io.NopCloser(bytes.NewReader(body))
-			pr.Out.ContentLength = int64(len(body))
+			pr.Out.Body = io.NopCloser(bytes.NewReader(out.body))
+			pr.Out.ContentLength = int64(len(out.body))
 		},
 		Transport:     transport,
 		FlushInterval: -1,
