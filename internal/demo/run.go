@@ -323,7 +323,7 @@ func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Durat
 			quantile(w.ttft[s.Spec.Name], 0.5), quantile(w.ttft[s.Spec.Name], 0.99))
 	}
 	tw.Flush()
-	fmt.Fprintf(&b, "RHO = in-flight / learned CEILING (the most held with nothing queued)\n")
+	fmt.Fprintf(&b, "RHO = in-flight / learned CEILING (the most seen running at once)\n")
 	fmt.Fprintf(&b, "\nlast second: %d served, %d shed (429), %d unavailable (503), %d errors\n",
 		w.outcomes["ok"], w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
 	for _, l := range log {
