@@ -36,7 +36,7 @@ func runBench(_ context.Context, args []string, e *env) error {
 	seeds := fs.Int("seeds", 1, "seeds per cell; above one, the mean carries its 95% interval")
 	seed := fs.Uint64("seed", 7, "the first seed")
 	requests := fs.Int("requests", 100_000, "requests per run")
-	format := fs.String("format", "text", "text (a table per phase mode, K and load) or tsv (a line per cell)")
+	format := fs.String("format", "text", "text (a table per phase mode, K and load), tsv (a line per cell) or ratio (each policy over weighted-rr in the same cell; --policies must include weighted-rr)")
 	quick := fs.Bool("quick", false, "a subset that runs in seconds: random phases, ages 0.5,2,10, 20000 requests")
 	plotPath := fs.String("plot", "", "also write a PNG of mean and p99 against staleness per policy (the first phase mode, K and load) to this file")
 	if err := parseFlags(fs, args[1:]); err != nil {
@@ -45,6 +45,12 @@ func runBench(_ context.Context, args []string, e *env) error {
 	g, err := benchGrid(*sites, *loads, *gateways, *phases, *ages, *service, *scenario, *policies, *seeds, *seed, *requests)
 	if err != nil {
 		return fmt.Errorf("%w: bench routing: %v", errUsage, err)
+	}
+	switch {
+	case *format != "text" && *format != "tsv" && *format != "ratio":
+		return fmt.Errorf("%w: bench routing: --format %q: want text, tsv or ratio", errUsage, *format)
+	case *format == "ratio" && !slices.Contains(g.Policies, routesim.WeightedRR):
+		return fmt.Errorf("%w: bench routing: --format ratio divides by %s: add it to --policies", errUsage, routesim.WeightedRR)
 	}
 	if *quick {
 		g.Phases, g.Ages, g.Requests = []routesim.Phases{routesim.PhasesRandom}, []float64{0.5, 2, 10}, 20_000
@@ -55,8 +61,8 @@ func runBench(_ context.Context, args []string, e *env) error {
 		g.WriteText(e.stdout, cells)
 	case "tsv":
 		routesim.WriteTSV(e.stdout, cells)
-	default:
-		return fmt.Errorf("%w: bench routing: --format %q: want text or tsv", errUsage, *format)
+	case "ratio":
+		g.WriteRatios(e.stdout, cells, routesim.WeightedRR)
 	}
 	if *plotPath != "" {
 		var png bytes.Buffer

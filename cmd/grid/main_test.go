@@ -40,6 +40,8 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"operator", "--kubernetes", "--namespace", ""}, 2, "--kubernetes needs --namespace"},
 		{[]string{"version"}, 0, ""},
 		{[]string{"bench"}, 2, "grid bench routing"},
+		{[]string{"bench", "routing", "--format", "csv"}, 2, `--format "csv": want text, tsv or ratio`},
+		{[]string{"bench", "routing", "--format", "ratio", "--policies", "oracle,age-aware"}, 2, "add it to --policies"},
 		{[]string{"demo", "--rate", "-5"}, 2, "--rate must be"},
 		{[]string{"demo", "--duration", "-5s"}, 2, "--duration must not be negative"},
 	}

@@ -180,3 +180,72 @@ func (g Grid) Table(cells []Cell) Table {
 	}
 	return t
 }
+
+// WriteRatios writes, for each policy other than base, its mean and p99
+// over base's in the same cell: a table per policy, a line per load, gateway
+// count and phase mode, a column per board age, cells "mean/p99". A cell
+// whose mean is worse than base's beyond both 95% intervals is marked "*".
+// It writes nothing for a policy when cells hold no base to divide by.
+func (g Grid) WriteRatios(w io.Writer, cells []Cell, base string) {
+	type key struct {
+		phases   Phases
+		gateways int
+		load     float64
+		t        float64
+	}
+	ref := map[key]Cell{}
+	for _, c := range cells {
+		if c.Policy == base {
+			ref[key{c.Phases, c.Gateways, c.Load, c.T}] = c
+		}
+	}
+	service := "exponential"
+	if g.Sigma > 0 {
+		service = fmt.Sprintf("lognormal σ=%g", g.Sigma)
+	}
+	for _, p := range g.Policies {
+		if p == base {
+			continue
+		}
+		fmt.Fprintf(w, "%s / %s, mean/p99 time in system, sites %s, %s, scenario %s (%d requests × %d seeds; * worse beyond both 95%% intervals)\n",
+			p, base, joinInts(g.Slots), service, g.Scenario, g.Requests, max(g.Seeds, 1))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+		row := []string{"load", "K", "phases"}
+		for _, a := range g.Ages {
+			row = append(row, fmt.Sprintf("T=%g", a))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		for _, load := range g.Loads {
+			for _, k := range g.Gateways {
+				for _, ph := range g.Phases {
+					row = []string{fmt.Sprint(load), fmt.Sprint(k), string(ph)}
+					for _, a := range g.Ages {
+						b, ok := ref[key{ph, k, load, a}]
+						c, found := findCell(cells, p, ph, k, load, a)
+						if !ok || !found || b.Mean == 0 || b.P99 == 0 {
+							row = append(row, "-")
+							continue
+						}
+						mark := ""
+						if c.Mean-c.MeanCI > b.Mean+b.MeanCI {
+							mark = "*"
+						}
+						row = append(row, fmt.Sprintf("%.2f/%.2f%s", c.Mean/b.Mean, c.P99/b.P99, mark))
+					}
+					fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+				}
+			}
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+}
+
+func findCell(cells []Cell, policy string, ph Phases, k int, load, t float64) (Cell, bool) {
+	for _, c := range cells {
+		if c.Policy == policy && c.Phases == ph && c.Gateways == k && c.Load == load && c.T == t {
+			return c, true
+		}
+	}
+	return Cell{}, false
+}

@@ -108,3 +108,26 @@ func TestSharedBoardsHoldTheTargets(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteRatios: each policy's mean and p99 over weighted round robin's
+// in the same cell, the cells worse beyond both intervals marked.
+func TestWriteRatios(t *testing.T) {
+	g := Grid{Slots: []int{8, 16}, Phases: []Phases{PhasesSync}, Gateways: []int{4}, Loads: []float64{0.9},
+		Ages: []float64{1, 10}, Policies: []string{WeightedRR, AgeAware}, Seeds: 3, Requests: 1000, Scenario: ChangeNone}
+	cells := []Cell{
+		{Policy: WeightedRR, Phases: PhasesSync, Gateways: 4, Load: 0.9, T: 1, Mean: 1.2, MeanCI: 0.05, P99: 5},
+		{Policy: WeightedRR, Phases: PhasesSync, Gateways: 4, Load: 0.9, T: 10, Mean: 1.2, MeanCI: 0.05, P99: 5},
+		{Policy: AgeAware, Phases: PhasesSync, Gateways: 4, Load: 0.9, T: 1, Mean: 1.08, MeanCI: 0.02, P99: 4.5},
+		{Policy: AgeAware, Phases: PhasesSync, Gateways: 4, Load: 0.9, T: 10, Mean: 1.5, MeanCI: 0.1, P99: 6},
+	}
+	var b strings.Builder
+	g.WriteRatios(&b, cells, WeightedRR)
+	want := `age-aware / weighted-rr, mean/p99 time in system, sites 8/16, exponential, scenario none (1000 requests × 3 seeds; * worse beyond both 95% intervals)
+  load  K  phases        T=1        T=10
+   0.9  4    sync  0.90/0.90  1.25/1.20*
+
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
