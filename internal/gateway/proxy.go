@@ -601,13 +601,10 @@ func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
 	out := map[string]float64{}
 	g.siteDurations.Range(func(k, v any) bool {
 		site, st := k.(string), v.(*route.ServiceTime)
-		switch {
-		case !live[site]:
+		if !live[site] {
 			g.siteDurations.Delete(site)
-		default:
-			if ms, ok := route.SitePace(&g.durations, st); ok {
-				out[site] = ms
-			}
+		} else if ms, ok := route.SitePace(&g.durations, st); ok {
+			out[site] = ms
 		}
 		return true
 	})

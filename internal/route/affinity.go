@@ -89,14 +89,20 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 // within the same slack.
 const AffinityBalance = 0.25
 
-// spread reads the open candidates of model (admitting new requests,
-// healthy, reachable) at nowMs: their capacity-weighted mean load, and
-// whether one other than skip reads below threshold. It allocates nothing.
+// takesNew reports whether affinity may send a new request to c: it admits
+// new requests, is healthy and can be reached.
+func takesNew(c *Candidate) bool {
+	return c.Admission == NewAndExisting && !math.IsNaN(c.Score) && c.Upstream != nil
+}
+
+// spread reads the open candidates of model (takesNew) at nowMs: their
+// capacity-weighted mean load, and whether one other than skip reads below
+// threshold. It allocates nothing.
 func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float64, counters []*sendCounter) (mean float64, roomElsewhere bool) {
 	var sum, weights float64
 	for _, i := range s.byModel[model] {
 		c := &s.Candidates[i]
-		if c.Admission != NewAndExisting || math.IsNaN(c.Score) || c.Upstream == nil {
+		if !takesNew(c) {
 			continue
 		}
 		_, load := s.loadAt(i, nowMs, counters)
@@ -118,9 +124,10 @@ func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float
 // weighted by its ceiling: consistent, since a candidate leaving moves only
 // its own prefixes, and proportional to capacity), taking the first in the
 // prefix's order that admits new requests, is healthy, reads below
-// threshold and within the bounded-loads slack of the mean. It returns false when none does: the preference yields to the
-// normal pick. A preferred request counts as one of this gateway's own
-// sends. It allocates nothing.
+// threshold and within the bounded-loads slack of the mean. It returns
+// false when none does: the preference yields to the normal pick. A
+// preferred request counts as one of this gateway's own sends. It
+// allocates nothing.
 func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold float64, own *OwnSends) (Pick, bool) {
 	if s.Shedding[model] {
 		return Pick{}, false
@@ -132,7 +139,7 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 	var sum, weights float64
 	for _, i := range s.byModel[model] {
 		c := &s.Candidates[i]
-		if c.Admission != NewAndExisting || math.IsNaN(c.Score) || c.Upstream == nil || n == MaxSites {
+		if !takesNew(c) || n == MaxSites {
 			continue
 		}
 		group[n] = i

@@ -150,7 +150,8 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 		if !r.InFlight.OK || x.V > r.InFlight.V {
 			r.InFlight = x
 		}
-		if busy := rn.V * rd.V; !r.MostRunning.OK || busy > r.MostRunning.V {
+		busy := rn.V * rd.V
+		if !r.MostRunning.OK || busy > r.MostRunning.V {
 			r.MostRunning = some(busy)
 		}
 		r.LatestInFlight, r.LatestAt = x, lead.At
@@ -163,7 +164,7 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x
 			}
-			if busy := rn.V * rd.V; !r.LeastCongestedRunning.OK || busy < r.LeastCongestedRunning.V {
+			if !r.LeastCongestedRunning.OK || busy < r.LeastCongestedRunning.V {
 				r.LeastCongestedRunning = some(busy)
 			}
 		}

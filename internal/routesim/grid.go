@@ -188,16 +188,15 @@ func (g Grid) Table(cells []Cell) Table {
 // It writes nothing for a policy when cells hold no base to divide by.
 func (g Grid) WriteRatios(w io.Writer, cells []Cell, base string) {
 	type key struct {
+		policy   string
 		phases   Phases
 		gateways int
 		load     float64
 		t        float64
 	}
-	ref := map[key]Cell{}
+	byKey := map[key]Cell{}
 	for _, c := range cells {
-		if c.Policy == base {
-			ref[key{c.Phases, c.Gateways, c.Load, c.T}] = c
-		}
+		byKey[key{c.Policy, c.Phases, c.Gateways, c.Load, c.T}] = c
 	}
 	service := "exponential"
 	if g.Sigma > 0 {
@@ -220,8 +219,8 @@ func (g Grid) WriteRatios(w io.Writer, cells []Cell, base string) {
 				for _, ph := range g.Phases {
 					row = []string{fmt.Sprint(load), fmt.Sprint(k), string(ph)}
 					for _, a := range g.Ages {
-						b, ok := ref[key{ph, k, load, a}]
-						c, found := findCell(cells, p, ph, k, load, a)
+						b, ok := byKey[key{base, ph, k, load, a}]
+						c, found := byKey[key{p, ph, k, load, a}]
 						if !ok || !found || b.Mean == 0 || b.P99 == 0 {
 							row = append(row, "-")
 							continue
@@ -239,13 +238,4 @@ func (g Grid) WriteRatios(w io.Writer, cells []Cell, base string) {
 		tw.Flush()
 		fmt.Fprintln(w)
 	}
-}
-
-func findCell(cells []Cell, policy string, ph Phases, k int, load, t float64) (Cell, bool) {
-	for _, c := range cells {
-		if c.Policy == policy && c.Phases == ph && c.Gateways == k && c.Load == load && c.T == t {
-			return c, true
-		}
-	}
-	return Cell{}, false
 }
