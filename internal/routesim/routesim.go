@@ -286,7 +286,13 @@ func Run(cfg Config) Result {
 		now = e.at
 		switch e.kind {
 		case arrival:
-			arrivals++
+			// Arrivals before measuring starts do not count against the
+			// cap: with many sites and old readings the warm-up alone can
+			// take more than four runs' worth, and a run that stopped
+			// arriving before it measured anything would never end.
+			if now >= measureFrom {
+				arrivals++
+			}
 			if arrivals < cfg.Requests*4 {
 				push(event{at: now + arrivalRng.ExpFloat64()/lambda, kind: arrival})
 			}

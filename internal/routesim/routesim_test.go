@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCalibration: with fresh information and 100 single-slot servers at
@@ -129,5 +130,28 @@ func TestWriteRatios(t *testing.T) {
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+// TestLongWarmUpEnds: a run whose warm-up (ten refresh intervals) takes more
+// arrivals than four runs' worth still measures its requests and ends; the
+// arrivals stopped before measuring began, and the run went on refreshing
+// readings forever (64 sites, readings ten mean durations apart).
+func TestLongWarmUpEnds(t *testing.T) {
+	slots := make([]int, 64)
+	for i := range slots {
+		slots[i] = 4 << (i % 4)
+	}
+	done := make(chan Result, 1)
+	go func() {
+		done <- Run(Config{Slots: slots, Load: 0.9, Gateways: 4, BoardAge: 10, Phases: PhasesPerSite, Requests: 2000, Seed: 1, Policy: WeightedRR})
+	}()
+	select {
+	case r := <-done:
+		if !(r.Mean > 0) {
+			t.Errorf("mean time in system %v, want a measurement", r.Mean)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a run whose warm-up outlasts four runs' arrivals did not end within a minute")
 	}
 }
