@@ -103,14 +103,14 @@ func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prom
 	cfg := g.cfg.Load()
 	a := &cfg.Affinity
 	now := g.timeline.NowMs()
-	normal := func() route.Pick { return snap.Pick(model, turn, now, g.own) }
+	normal := func() route.Pick { return snap.Pick(model, turn, now) }
 	if snap.Shedding[model] {
 		return normal(), session{} // shedding answers every request alike
 	}
 	if hop {
 		// The entry gateway holds the binding and chose this site.
 		if boundProvider != "" {
-			if p, v := snap.Keep(model, cfg.Site, boundProvider, now, *a.Threshold, g.own); v == route.Kept {
+			if p, v := snap.Keep(model, cfg.Site, boundProvider, now, *a.Threshold); v == route.Kept {
 				return p, session{}
 			}
 		}
@@ -124,7 +124,7 @@ func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prom
 		b, found := g.sessions.Lookup(s.key, g.clk.Now().UnixMilli())
 		switch found {
 		case affinity.Found:
-			if p, v := snap.Keep(model, b.Site, b.Provider, now, *a.Threshold, g.own); v == route.Kept {
+			if p, v := snap.Keep(model, b.Site, b.Provider, now, *a.Threshold); v == route.Kept {
 				g.m.affinity.WithLabelValues(affinityReused).Inc()
 				return p, s
 			}
@@ -139,7 +139,7 @@ func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prom
 			g.m.prefixAffinity.WithLabelValues(prefixExplored).Inc()
 			return normal(), session{}
 		}
-		if p, ok := snap.Prefer(model, prefixHash(model, prompt[:min(len(prompt), a.Prefix.Bytes)]), now, *a.Threshold, g.own); ok {
+		if p, ok := snap.Prefer(model, prefixHash(model, prompt[:min(len(prompt), a.Prefix.Bytes)]), now, *a.Threshold); ok {
 			g.m.prefixAffinity.WithLabelValues(prefixPreferred).Inc()
 			return p, session{}
 		}

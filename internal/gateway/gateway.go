@@ -73,10 +73,7 @@ type Gateway struct {
 	hist *history
 	// guards are the listeners' connection caps, set by Guard.
 	guards [numListeners]atomic.Pointer[connlimit.Listener]
-	// own is the age-aware pick's memory of this gateway's sends: the one
-	// routing state the request path writes (route.OwnSends).
-	own *route.OwnSends
-	m   *metrics
+	m      *metrics
 
 	opClient *http.Client
 	serving  atomic.Pointer[signals.Serving]
@@ -114,14 +111,11 @@ type Gateway struct {
 	upstreams *upstreams
 	rep       *reporter
 	picks     picks
-	durations route.ServiceTime // the age unit (docs/routing.md)
-	// siteDurations is each site's own pace (site name to
-	// *route.ServiceTime): added by the request path as requests reach a
-	// site, dropped by the snapshot rebuild with the topology. A sync.Map,
-	// so delivered requests take no gateway-wide lock: the set of sites is
-	// written once per site and read per request.
-	siteDurations sync.Map
-	sessions      *affinity.Table // session affinity's bindings (affinity.go)
+	// service is what this gateway observed of its requests' service, the
+	// unit the age-aware policy reads ages in (docs/routing.md): the
+	// request path writes it, the snapshot rebuild reads it.
+	service  *route.Service
+	sessions *affinity.Table // session affinity's bindings (affinity.go)
 
 	// streams are the SSE answers copied off the server's goroutines;
 	// rejoin is the client listener their connections return through,
@@ -158,13 +152,17 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	}
 	m := newMetrics()
 	m.reg.MustRegister(opts.Identity.ExpiryGauge())
-	own := route.NewOwnSends()
+	service := &route.Service{}
+	policy, err := route.NewPolicy(cfg.Availability.Policy, service)
+	if err != nil {
+		return nil, err
+	}
 	g := &Gateway{
 		clk: opts.Clock, log: opts.Logger, id: opts.Identity, m: m,
 		timeline: loadstore.NewTimeline(opts.Clock),
 		store:    loadstore.New(storeWindow),
-		own:      own,
-		builder:  route.NewBuilder(own),
+		service:  service,
+		builder:  route.NewBuilder(policy),
 		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
@@ -216,7 +214,6 @@ func settings(cfg *config.Gateway, serving *signals.Serving) route.Settings {
 		Shedding: a.Shedding, Smoothing: *a.Smoothing, CeilingHalfLifeMs: float64(*a.CeilingHalfLifeMs),
 		CeilingFloor: *a.CeilingFloor, ExploreFloor: *a.ExploreFloor, FullAfterMs: *a.FullAfterMs,
 		RoomAfterMs: *a.RoomAfterMs, QueueFull: *a.QueueFull, SingleCeiling: a.CeilingModel == config.CeilingSingle,
-		AgeAware: a.Policy == config.PolicyAgeAware,
 	}
 	// The load window must hold the latest reading of every site; the
 	// operator knows its intervals and says how long that is. Before its
@@ -238,6 +235,13 @@ func (g *Gateway) Reload(next *config.Gateway) error {
 	}
 	if next.Limits.HeaderReadTimeout != cur.Limits.HeaderReadTimeout || next.Limits.ClientIdleTimeout != cur.Limits.ClientIdleTimeout {
 		return errors.New("limits.headerReadTimeout and limits.clientIdleTimeout are the listeners' and need a restart; the other limits apply on reload")
+	}
+	if next.Availability.Policy != g.builder.Policy().Name() {
+		policy, err := route.NewPolicy(next.Availability.Policy, g.service)
+		if err != nil {
+			return err
+		}
+		g.builder.SetPolicy(policy) // the next rebuild reads by it
 	}
 	g.cfg.Store(next)
 	// Connection caps and the body budget apply to what comes next.
@@ -614,9 +618,12 @@ func (g *Gateway) refresh() {
 	defer g.refreshMu.Unlock()
 	cfg := g.cfg.Load()
 	set := settings(cfg, g.serving.Load())
-	set.MeanDurationMs = g.durations.MeanMs()
 	base := g.topology()
-	set.SiteMeanMs = g.siteMeans(base)
+	live := map[string]bool{}
+	for _, c := range base {
+		live[c.Site] = true
+	}
+	g.service.Retain(func(site string) bool { return live[site] })
 	now := g.timeline.NowMs()
 	snap := g.builder.Build(g.store, base, now, g.health.isDown, set)
 	observed := map[string]bool{}

@@ -564,51 +564,19 @@ type answer struct {
 	detached *detachedStream
 }
 
-// observeService teaches the age unit (route.ServiceTime) what one
-// delivered request says of service time: a stream its time to first byte
-// and after it (a request that waited in an engine's queue waited before
-// its first token), a whole answer its duration and whether the pick saw
-// room.
+// observeService tells the gateway's observed service (route.Service)
+// what one delivered request says of service time: a stream its time to
+// first byte and after it (a request that waited in an engine's queue
+// waited before its first token), a whole answer its duration and whether
+// the pick saw room.
 func (g *Gateway) observeService(site string, began time.Time, ans *answer, room bool) {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	end := g.clk.Now()
-	for _, st := range [...]*route.ServiceTime{&g.durations, g.siteDuration(site)} {
-		if ans.stream && !ans.firstByte.IsZero() {
-			st.ObserveStream(ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
-		} else {
-			st.Observe(ms(end.Sub(began)), room)
-		}
+	if ans.stream && !ans.firstByte.IsZero() {
+		g.service.ObserveStream(site, ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
+	} else {
+		g.service.Observe(site, ms(end.Sub(began)), room)
 	}
-}
-
-// siteDuration is site's own ServiceTime, made on first use.
-func (g *Gateway) siteDuration(site string) *route.ServiceTime {
-	if st, ok := g.siteDurations.Load(site); ok {
-		return st.(*route.ServiceTime)
-	}
-	st, _ := g.siteDurations.LoadOrStore(site, &route.ServiceTime{})
-	return st.(*route.ServiceTime)
-}
-
-// siteMeans is the pace of every site whose requests can be told apart
-// from the rest (route.SitePace, route.Settings.SiteMeanMs), dropping sites
-// no candidate of base is at.
-func (g *Gateway) siteMeans(base []route.Candidate) map[string]float64 {
-	live := map[string]bool{}
-	for _, c := range base {
-		live[c.Site] = true
-	}
-	out := map[string]float64{}
-	g.siteDurations.Range(func(k, v any) bool {
-		site, st := k.(string), v.(*route.ServiceTime)
-		if !live[site] {
-			g.siteDurations.Delete(site)
-		} else if ms, ok := route.SitePace(&g.durations, st); ok {
-			out[site] = ms
-		}
-		return true
-	})
-	return out
 }
 
 // outbound is what the gateway sends upstream: the request's body, and

@@ -30,22 +30,6 @@ const (
 	PathPrefix
 )
 
-// loadAt reads candidate i's load (in-flight over its ceiling) at nowMs as
-// the pick does: under the age-aware policy its latest reading drained
-// through its age, plus this gateway's own sends to it still in flight;
-// under the reference its raw saturation. Unmeasured, it reads 0.
-func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board, load float64) {
-	c := &s.Candidates[i]
-	switch {
-	case s.ageAware && c.latestAt != 0:
-		board = c.boardAt(nowMs)
-		return board, board + ownInFlight(counters, i, c, nowMs, board)
-	case c.Measured:
-		return c.RawRho, c.RawRho
-	}
-	return 0, 0
-}
-
 // Keep decides whether a request for model bound to (site, provider) goes
 // there at nowMs: the candidate must serve the model, admit existing
 // sessions (NewAndExisting or ExistingOnly), be healthy and reachable, and
@@ -55,9 +39,14 @@ func (s *Snapshot) loadAt(i int32, nowMs int64, counters []*sendCounter) (board,
 // prefill at a site that queues too, adding work where there is no room,
 // while one that stays queues where its prefix is cached. Shedding is the
 // caller's to check first. A kept request counts as one of this gateway's
-// own sends. It allocates nothing.
-func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold float64, own *OwnSends) (Pick, Verdict) {
-	for _, i := range s.byModel[model] {
+// own sends, where the policy counts them. It allocates nothing.
+func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold float64) (Pick, Verdict) {
+	m, ok := s.byModel[model]
+	if !ok {
+		return Pick{}, Gone
+	}
+	draws := s.draws()
+	for _, i := range m.all {
 		c := &s.Candidates[i]
 		if c.Site != site || c.Provider != provider {
 			continue
@@ -65,17 +54,14 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 		if (c.Admission != NewAndExisting && c.Admission != ExistingOnly) || math.IsNaN(c.Score) || c.Upstream == nil {
 			return Pick{}, Gone
 		}
-		counters := own.countersFor(s)
-		board, load := s.loadAt(i, nowMs, counters)
+		board, load := draws.loadAt(s, i, nowMs)
 		if load >= threshold {
-			mean, roomElsewhere := s.spread(model, i, nowMs, threshold, counters)
+			mean, roomElsewhere := s.spread(m, i, nowMs, threshold)
 			if roomElsewhere || load > (1+AffinityBalance)*mean+1/capacityOr1(c) {
 				return Pick{}, Saturated
 			}
 		}
-		if s.ageAware {
-			countSend(counters, i, c, nowMs, board)
-		}
+		draws.sent(s, i, nowMs, board)
 		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: hasRoom(c, load)}, Kept
 	}
 	return Pick{}, Gone
@@ -95,17 +81,18 @@ func takesNew(c *Candidate) bool {
 	return c.Admission == NewAndExisting && !math.IsNaN(c.Score) && c.Upstream != nil
 }
 
-// spread reads the open candidates of model (takesNew) at nowMs: their
+// spread reads the open candidates of one model (takesNew) at nowMs: their
 // capacity-weighted mean load, and whether one other than skip reads below
 // threshold. It allocates nothing.
-func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float64, counters []*sendCounter) (mean float64, roomElsewhere bool) {
+func (s *Snapshot) spread(m *modelIndex, skip int32, nowMs int64, threshold float64) (mean float64, roomElsewhere bool) {
+	draws := s.draws()
 	var sum, weights float64
-	for _, i := range s.byModel[model] {
+	for _, i := range m.all {
 		c := &s.Candidates[i]
 		if !takesNew(c) {
 			continue
 		}
-		_, load := s.loadAt(i, nowMs, counters)
+		_, load := draws.loadAt(s, i, nowMs)
 		w := capacityOr1(c)
 		sum += load * w
 		weights += w
@@ -128,22 +115,23 @@ func (s *Snapshot) spread(model string, skip int32, nowMs int64, threshold float
 // false when none does: the preference yields to the normal pick. A
 // preferred request counts as one of this gateway's own sends. It
 // allocates nothing.
-func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold float64, own *OwnSends) (Pick, bool) {
-	if s.Shedding[model] {
+func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold float64) (Pick, bool) {
+	m, ok := s.byModel[model]
+	if !ok || s.Shedding[model] {
 		return Pick{}, false
 	}
-	counters := own.countersFor(s)
+	draws := s.draws()
 	var group [MaxSites]int32
 	var boards, loads [MaxSites]float64
 	n := 0
 	var sum, weights float64
-	for _, i := range s.byModel[model] {
+	for _, i := range m.all {
 		c := &s.Candidates[i]
 		if !takesNew(c) || n == MaxSites {
 			continue
 		}
 		group[n] = i
-		boards[n], loads[n] = s.loadAt(i, nowMs, counters)
+		boards[n], loads[n] = draws.loadAt(s, i, nowMs)
 		w := capacityOr1(c)
 		sum += loads[n] * w
 		weights += w
@@ -177,9 +165,7 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 	}
 	i := group[best]
 	c := &s.Candidates[i]
-	if s.ageAware {
-		countSend(counters, i, c, nowMs, boards[best])
-	}
+	draws.sent(s, i, nowMs, boards[best])
 	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: hasRoom(c, loads[best])}, true
 }
 

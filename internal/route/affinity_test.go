@@ -5,7 +5,7 @@ import "testing"
 // affinityWorld: sites a (8 slots) and b (24), learned, a reading at 2000.
 func affinityWorld(t *testing.T, aRunning float64) *world {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
+	w.ageAware, w.meanMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
 	w.teachThenRead(map[string]float64{"a": 8, "b": 24}, map[string]float64{"a": aRunning, "b": 0})
 	return w
 }
@@ -36,7 +36,7 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 				w.publish("a", at, obs{running: tc.aRunning, zero: true, queue: f(0)})
 			}
 			snap := w.build(at)
-			p, v := snap.Keep("m", "a", "p", at, 0.8, w.own)
+			p, v := snap.Keep("m", "a", "p", at, 0.8)
 			if v != tc.want {
 				t.Fatalf("verdict %d, want %d", v, tc.want)
 			}
@@ -45,14 +45,14 @@ func TestKeepHonoursLoadAdmissionAndHealth(t *testing.T) {
 			}
 			if tc.admission == ExistingOnly {
 				for turn := range uint64(50) {
-					if c := snap.Pick("m", turn, 2000, nil).Candidate; c.Site == "a" {
+					if c := boardOnly(snap).Pick("m", turn, 2000).Candidate; c.Site == "a" {
 						t.Fatal("an existing-only site drew a new request")
 					}
 				}
 			}
 		})
 	}
-	if _, v := affinityWorld(t, 2).build(2000).Keep("m", "gone", "p", 2000, 0.8, nil); v != Gone {
+	if _, v := affinityWorld(t, 2).build(2000).Keep("m", "gone", "p", 2000, 0.8); v != Gone {
 		t.Errorf("a site no longer in the snapshot: verdict %d, want Gone", v)
 	}
 }
@@ -76,9 +76,9 @@ func TestKeepStaysWhenNowhereHasRoom(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, "a", "b")
-			w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
+			w.ageAware, w.meanMs, w.set.WindowMs, w.set.CeilingFloor = true, 10_000, 60_000, 1
 			w.teachThenRead(map[string]float64{"a": 8, "b": 24}, map[string]float64{"a": tc.aRun, "b": tc.bRun})
-			if _, v := w.build(2000).Keep("m", "a", "p", 2000, tc.threshold, nil); v != tc.want {
+			if _, v := boardOnly(w.build(2000)).Keep("m", "a", "p", 2000, tc.threshold); v != tc.want {
 				t.Fatalf("verdict %d, want %d (%s)", v, tc.want, tc.moveReasoning)
 			}
 		})
@@ -92,7 +92,7 @@ func TestKeepCountsOwnSends(t *testing.T) {
 	snap := w.build(2000)
 	kept := 0
 	for range 20 {
-		if _, v := snap.Keep("m", "a", "p", 2000, 0.8, w.own); v == Kept {
+		if _, v := snap.Keep("m", "a", "p", 2000, 0.8); v == Kept {
 			kept++
 		}
 	}
@@ -109,7 +109,7 @@ func TestPreferIsConsistentAndWeighted(t *testing.T) {
 	w := affinityWorld(t, 0)
 	snap := w.build(2000)
 	where := func(s *Snapshot, h uint64) string {
-		p, ok := s.Prefer("m", h, 2000, 0.8, nil)
+		p, ok := boardOnly(s).Prefer("m", h, 2000, 0.8)
 		if !ok {
 			return ""
 		}
@@ -157,14 +157,14 @@ func TestPreferBoundsLoad(t *testing.T) {
 	snap := w.build(2000)
 	var hot uint64
 	for h := uint64(1); ; h++ {
-		if p, _ := snap.Prefer("m", h, 2000, 0.8, nil); p.Candidate.Site == "a" {
+		if p, _ := boardOnly(snap).Prefer("m", h, 2000, 0.8); p.Candidate.Site == "a" {
 			hot = h
 			break
 		}
 	}
 	toA := 0
 	for range 40 {
-		if p, ok := snap.Prefer("m", hot, 2000, 0.8, w.own); ok && p.Candidate.Site == "a" {
+		if p, ok := snap.Prefer("m", hot, 2000, 0.8); ok && p.Candidate.Site == "a" {
 			toA++
 		}
 	}
@@ -178,10 +178,10 @@ func TestAffinityAllocatesNothing(t *testing.T) {
 	w := affinityWorld(t, 2)
 	snap := w.build(2000)
 	h := uint64(0)
-	if n := testing.AllocsPerRun(1000, func() { snap.Keep("m", "b", "p", 2000, 0.8, w.own) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { snap.Keep("m", "b", "p", 2000, 0.8) }); n != 0 {
 		t.Errorf("Keep: %v allocations", n)
 	}
-	if n := testing.AllocsPerRun(1000, func() { h++; snap.Prefer("m", h, 2000, 0.8, w.own) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { h++; snap.Prefer("m", h, 2000, 0.8) }); n != 0 {
 		t.Errorf("Prefer: %v allocations", n)
 	}
 }

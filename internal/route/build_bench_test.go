@@ -36,7 +36,7 @@ func BenchmarkBuild(b *testing.B) {
 				}
 				store.Ingest([]byte(body.String()), now, now, now, signals.Origin{Site: site, Relay: true})
 			}
-			builder := NewBuilder(NewOwnSends())
+			builder := NewBuilder(NewAgeAware(&Service{}, AgeAwareOptions{}))
 			set := DefaultSettings
 			b.ReportAllocs()
 			t := int64(now)

@@ -19,15 +19,20 @@ type world struct {
 	t     *testing.T
 	store *loadstore.Store
 	b     *Builder
-	own   *OwnSends
 	set   Settings
-	cands []Candidate
-	seq   int64
+	// ageAware builds with the age-aware policy, reading ages in meanMs
+	// and siteMs (the world is its Pace); ignoreOwn reads the board alone.
+	// The policy is made at the first such build and kept.
+	ageAware, ignoreOwn bool
+	meanMs              float64
+	siteMs              map[string]float64
+	aa                  *AgeAware
+	cands               []Candidate
+	seq                 int64
 }
 
 func newWorld(t *testing.T, sites ...string) *world {
-	own := NewOwnSends()
-	w := &world{t: t, store: loadstore.New(time.Hour), b: NewBuilder(own), own: own, set: DefaultSettings}
+	w := &world{t: t, store: loadstore.New(time.Hour), b: NewBuilder(Reference{}), set: DefaultSettings}
 	w.set.WindowMs = 500
 	for _, s := range sites {
 		w.cands = append(w.cands, Candidate{Model: "m", Site: s, Provider: "p", Upstream: &url.URL{Scheme: "http", Host: s}})
@@ -89,8 +94,29 @@ func (w *world) publish(site string, t int64, o obs) {
 	}
 }
 
-func (w *world) build(now int64) *Snapshot {
-	return w.b.Build(w.store, w.cands, now, nil, w.set)
+func (w *world) build(now int64) *Snapshot { return w.buildDown(now, nil) }
+
+// buildDown builds with the world's policy, down demoting candidates.
+func (w *world) buildDown(now int64, down func(*Candidate) bool) *Snapshot {
+	w.b.SetPolicy(w.policy())
+	return w.b.Build(w.store, w.cands, now, down, w.set)
+}
+
+func (w *world) policy() Policy {
+	if !w.ageAware {
+		return Reference{}
+	}
+	if w.aa == nil {
+		w.aa = NewAgeAware(w, AgeAwareOptions{IgnoreOwnSends: w.ignoreOwn})
+	}
+	return w.aa
+}
+
+// MeanMs and SiteMs make the world the age-aware policy's Pace.
+func (w *world) MeanMs() float64 { return w.meanMs }
+func (w *world) SiteMs(site string) (float64, bool) {
+	ms, ok := w.siteMs[site]
+	return ms, ok
 }
 
 func find(s *Snapshot, site string) *Candidate {
@@ -418,7 +444,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		counts := map[string]int{}
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn, snap.BuiltAt, w.own)
+			p := snap.Pick("m", turn, snap.BuiltAt)
 			if p.Path != PathTwoChoices {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -435,7 +461,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(2000)
 		b := 0
 		for turn := range uint64(4000) {
-			if snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site == "b" {
+			if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
 				b++
 			}
 		}
@@ -452,7 +478,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		a := 0
 		for turn := range uint64(4000) {
-			p := snap.Pick("m", turn, snap.BuiltAt, w.own)
+			p := snap.Pick("m", turn, snap.BuiltAt)
 			if p.Path != PathByCapacity {
 				t.Fatalf("path %v", p.Path)
 			}
@@ -472,7 +498,7 @@ func TestSelectionProperties(t *testing.T) {
 		snap := w.build(1000)
 		counts := map[string]int{}
 		for turn := range uint64(3000) {
-			counts[snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site]++
+			counts[snap.Pick("m", turn, snap.BuiltAt).Candidate.Site]++
 		}
 		for s, n := range counts {
 			if n < 850 || n > 1150 {
@@ -485,9 +511,9 @@ func TestSelectionProperties(t *testing.T) {
 		w.publish("a", 1000, obs{running: 1, queue: f(0)})
 		w.publish("b", 1000, obs{running: 1, zero: true, queue: f(0)})
 		w.publish("c", 1000, obs{running: 1, queue: f(0)})
-		snap := w.b.Build(w.store, w.cands, 1000, func(c *Candidate) bool { return c.Site == "c" }, w.set)
+		snap := w.buildDown(1000, func(c *Candidate) bool { return c.Site == "c" })
 		for turn := range uint64(1000) {
-			if s := snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site; s != "a" {
+			if s := snap.Pick("m", turn, snap.BuiltAt).Candidate.Site; s != "a" {
 				t.Fatalf("picked %s", s)
 			}
 		}
@@ -496,22 +522,22 @@ func TestSelectionProperties(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	w := newWorld(t, "a")
-	if p := w.build(0).Pick("m", 0, 0, w.own); p.Outcome != Routed {
+	if p := w.build(0).Pick("m", 0, 0); p.Outcome != Routed {
 		t.Errorf("cold start with no signals: %+v", p) // unmeasured, by capacity
 	}
-	if p := (&Snapshot{}).Pick("m", 0, 0, nil); p.Outcome != NoRoute {
+	if p := (&Snapshot{}).Pick("m", 0, 0); p.Outcome != NoRoute {
 		t.Errorf("empty snapshot: %v", p.Outcome)
 	}
-	if p := w.build(0).Pick("other", 0, 0, w.own); p.Outcome != UnknownModel {
+	if p := w.build(0).Pick("other", 0, 0); p.Outcome != UnknownModel {
 		t.Errorf("unknown model: %v", p.Outcome)
 	}
 	w.publish("a", 1000, obs{running: 1, zero: true})
-	if p := w.build(1000).Pick("m", 0, 1000, w.own); p.Outcome != NotReady {
+	if p := w.build(1000).Pick("m", 0, 1000); p.Outcome != NotReady {
 		t.Errorf("every candidate excluded: %v", p.Outcome)
 	}
 	w.cands[0].Upstream = nil
 	w.publish("a", 2000, obs{running: 1})
-	if p := w.build(2000).Pick("m", 0, 2000, w.own); p.Outcome != NoRoute {
+	if p := w.build(2000).Pick("m", 0, 2000); p.Outcome != NoRoute {
 		t.Errorf("admitted but unroutable: %v", p.Outcome)
 	}
 }
@@ -519,14 +545,14 @@ func TestRefusals(t *testing.T) {
 func TestPickAllocatesNothing(t *testing.T) {
 	for _, ageAware := range []bool{false, true} {
 		w := newWorld(t, "a", "b", "c", "d")
-		w.set.AgeAware, w.set.WindowMs = ageAware, 5000
+		w.ageAware, w.set.WindowMs = ageAware, 5000
 		for i, s := range []string{"a", "b", "c", "d"} {
 			w.publish(s, 1000, obs{running: float64(i), queue: f(0)})
 		}
 		snap := w.build(2000)
 		turn := uint64(0)
 		var path Path
-		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn, snap.BuiltAt, w.own).Path }); n != 0 {
+		if n := testing.AllocsPerRun(1000, func() { turn++; path = snap.Pick("m", turn, snap.BuiltAt).Path }); n != 0 {
 			t.Errorf("age-aware %v: Pick allocates %v times", ageAware, n)
 		}
 		if ageAware && path != PathAgeAware {
@@ -597,7 +623,7 @@ func TestBusySiteKeepsItsCapacity(t *testing.T) {
 // from.
 func TestRestrictKeepsThePolicy(t *testing.T) {
 	w := newWorld(t, "a", "b", "c")
-	w.set.AgeAware, w.set.WindowMs, w.set.SingleCeiling = true, 5000, true
+	w.ageAware, w.set.WindowMs, w.set.SingleCeiling = true, 5000, true
 	w.set.Smoothing, w.set.Shedding, w.set.FullAfterMs, w.set.RoomAfterMs = 1, true, 0, 0
 	for i, s := range []string{"a", "b", "c"} {
 		w.publish(s, 1000, obs{running: float64(10 * (i + 1)), queue: f(0)})
@@ -606,7 +632,7 @@ func TestRestrictKeepsThePolicy(t *testing.T) {
 	if len(view.Candidates) != 2 || view.Candidates[0].Site != "b" || view.Candidates[1].Site != "c" {
 		t.Fatalf("the view's candidates: %+v", view.Candidates)
 	}
-	if p := view.Pick("m", 1, view.BuiltAt, nil); p.Path != PathAgeAware {
+	if p := view.Pick("m", 1, view.BuiltAt); p.Path != PathAgeAware {
 		t.Errorf("the view picked by path %v, want the age-aware draw", p.Path)
 	}
 	// Every site at its capacity with a queue: the snapshot sheds, and so
@@ -618,7 +644,7 @@ func TestRestrictKeepsThePolicy(t *testing.T) {
 	if !full.Shedding["m"] {
 		t.Fatal("the control: the full snapshot does not shed")
 	}
-	if p := full.Restrict(func(c *Candidate) bool { return c.Site == "b" }).Pick("m", 1, 4000, nil); p.Outcome != Shed {
+	if p := full.Restrict(func(c *Candidate) bool { return c.Site == "b" }).Pick("m", 1, 4000); p.Outcome != Shed {
 		t.Errorf("a view of a shedding snapshot: %v, want shed", p.Outcome)
 	}
 }
@@ -642,7 +668,7 @@ func (w *world) teachThenRead(taught, read map[string]float64) {
 // is the mean request duration.
 func busyAndIdle(t *testing.T, meanMs float64) *world {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, meanMs, 60_000
+	w.ageAware, w.meanMs, w.set.WindowMs = true, meanMs, 60_000
 	w.teachThenRead(map[string]float64{"a": 40, "b": 40}, map[string]float64{"a": 36, "b": 4})
 	return w
 }
@@ -674,7 +700,7 @@ func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
 	share := func(at int64) float64 {
 		n := 0
 		for turn := range uint64(20) {
-			if snap.Pick("m", uint64(at)+turn, at, w.own).Candidate.Site == "a" {
+			if snap.Pick("m", uint64(at)+turn, at).Candidate.Site == "a" {
 				n++
 			}
 		}
@@ -702,7 +728,7 @@ func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 	}{{"seen once", 0, false}, {"seen to persist", 8, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, "a", "b")
-			w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs, w.set.CeilingFloor = true, 100, 60_000, 1
+			w.ageAware, w.meanMs, w.set.WindowMs, w.set.CeilingFloor = true, 100, 60_000, 1
 			w.publish("a", 1000, obs{running: 2, queue: f(0)}) // teach a 2 slots, b 8
 			w.publish("b", 1000, obs{running: 8, queue: f(0)})
 			w.build(1000)
@@ -714,7 +740,7 @@ func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 			at := int64(3500)
 			n := 0
 			for turn := range uint64(40) {
-				if snap.Pick("m", turn, at, nil).Candidate.Site == "a" {
+				if boardOnly(snap).Pick("m", turn, at).Candidate.Site == "a" {
 					n++
 				}
 			}
@@ -734,21 +760,21 @@ func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 // and its reading is read in its own unit.
 func TestSlowSiteDrawsItsRate(t *testing.T) {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
-	w.set.SiteMeanMs = map[string]float64{"a": 400, "b": 100}
+	w.ageAware, w.meanMs, w.set.WindowMs = true, 100, 60_000
+	w.siteMs = map[string]float64{"a": 400, "b": 100}
 	w.teachThenRead(map[string]float64{"a": 8, "b": 8}, map[string]float64{"a": 0, "b": 0})
 	snap := w.build(2000)
 	toA := 0
 	for turn := range uint64(1000) {
-		if snap.Pick("m", turn, 2000, nil).Candidate.Site == "a" {
+		if boardOnly(snap).Pick("m", turn, 2000).Candidate.Site == "a" {
 			toA++
 		}
 	}
 	if share := float64(toA) / 1000; share < 0.15 || share > 0.25 {
 		t.Errorf("the 4× slower site drew %.3f of requests, want about 0.2", share)
 	}
-	if a, b := find(snap, "a"), find(snap, "b"); a.unitMs != 400 || b.unitMs != 100 {
-		t.Errorf("units %v and %v, want each site's own", a.unitMs, b.unitMs)
+	if a, b := unitOf(snap, "a"), unitOf(snap, "b"); a != 400 || b != 100 {
+		t.Errorf("units %v and %v, want each site's own", a, b)
 	}
 }
 
@@ -760,22 +786,22 @@ func TestSlowSiteDrawsItsRate(t *testing.T) {
 // until each one's own sends alone had filled it.
 func TestReplicasSharingABoardSpread(t *testing.T) {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 1000, 60_000
+	w.ageAware, w.meanMs, w.set.WindowMs = true, 1000, 60_000
 	w.publish("a", 1000, obs{running: 40, queue: f(0)}) // teach both 40
 	w.publish("b", 1000, obs{running: 40, queue: f(0)})
 	w.build(1000)
 	w.publish("a", 2000, obs{running: 36, queue: f(0)})
 	w.publish("b", 2000, obs{running: 4, queue: f(0)})
-	snap := w.build(2000)
-	replicas := make([]*OwnSends, 8)
+	// Each replica's snapshot of the one board, read by a policy of its own.
+	replicas := make([]*Snapshot, 8)
 	for k := range replicas {
-		replicas[k] = NewOwnSends()
-		replicas[k].bind(snap)
+		w.aa = nil
+		replicas[k] = w.build(2000)
 	}
 	toA := 0
 	for turn := range 4 {
-		for k, own := range replicas {
-			if snap.Pick("m", uint64(1000*k+turn), 3000, own).Candidate.Site == "a" {
+		for k, snap := range replicas {
+			if snap.Pick("m", uint64(1000*k+turn), 3000).Candidate.Site == "a" {
 				toA++
 			}
 		}
@@ -791,16 +817,16 @@ func BenchmarkPick(b *testing.B) {
 			policy := map[bool]string{false: "reference", true: "age-aware"}[ageAware]
 			b.Run(fmt.Sprintf("policy=%s/sites=%d", policy, n), func(b *testing.B) {
 				w := newWorld(&testing.T{})
-				w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = ageAware, 2000, 5000
+				w.ageAware, w.meanMs, w.set.WindowMs = ageAware, 2000, 5000
 				for i := range n {
 					site := fmt.Sprintf("s%02d", i)
 					w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
 					w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
 					if ageAware { // every site read in its own settled unit
-						if w.set.SiteMeanMs == nil {
-							w.set.SiteMeanMs = map[string]float64{}
+						if w.siteMs == nil {
+							w.siteMs = map[string]float64{}
 						}
-						w.set.SiteMeanMs[site] = float64(1000 + 250*(i%5))
+						w.siteMs[site] = float64(1000 + 250*(i%5))
 					}
 				}
 				snap := w.build(1000)
@@ -808,7 +834,7 @@ func BenchmarkPick(b *testing.B) {
 				turn := uint64(0)
 				for b.Loop() {
 					turn++
-					snap.Pick("m", turn, 1000+int64(turn%1000), w.own) // time moves, as on the request path
+					snap.Pick("m", turn, 1000+int64(turn%1000)) // time moves, as on the request path
 				}
 			})
 		}
@@ -829,7 +855,7 @@ func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
 	snap := w.build(2000)
 	b := 0
 	for turn := range uint64(4000) {
-		if snap.Pick("m", turn, snap.BuiltAt, w.own).Candidate.Site == "b" {
+		if snap.Pick("m", turn, snap.BuiltAt).Candidate.Site == "b" {
 			b++
 		}
 	}
@@ -846,7 +872,7 @@ func TestIdleSplitFollowsLearnedCapacity(t *testing.T) {
 // sent at one instant spreads evenly too.
 func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
+	w.ageAware, w.meanMs, w.set.WindowMs = true, 100, 60_000
 	w.publish("a", 1000, obs{running: 8, queue: f(0)}) // teach both 8
 	w.publish("b", 1000, obs{running: 8, queue: f(0)})
 	w.build(1000)
@@ -855,7 +881,7 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	snap := w.build(3000)
 	counts := map[string]int{}
 	for k := range int64(400) { // one request every two mean durations
-		counts[snap.Pick("m", uint64(k), 3000+200*k, w.own).Candidate.Site]++
+		counts[snap.Pick("m", uint64(k), 3000+200*k).Candidate.Site]++
 	}
 	if counts["a"] < 140 || counts["b"] < 140 {
 		t.Errorf("sequential requests on idle sites: %v, want an even split", counts)
@@ -865,7 +891,7 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	snap = w.build(90_500)
 	burst := map[string]int{}
 	for k := range uint64(16) {
-		burst[snap.Pick("m", 1000+k, 90_500, w.own).Candidate.Site]++
+		burst[snap.Pick("m", 1000+k, 90_500).Candidate.Site]++
 	}
 	if burst["a"] < 6 || burst["b"] < 6 {
 		t.Errorf("a burst of 16 on idle sites: %v, want about 8 each", burst)
@@ -906,50 +932,78 @@ func TestForgetStartsLearningAfresh(t *testing.T) {
 }
 
 // TestPickNeverWritesTheSnapshot: the snapshot is immutable once built; the
-// age-aware pick's own sends go to the OwnSends it is handed, and a pick
-// handed none reads the board alone.
+// age-aware pick's own sends go to its picker's counters, which a rebuild
+// keeps while the readings stay the same, and a policy that ignores own
+// sends counts none.
 func TestPickNeverWritesTheSnapshot(t *testing.T) {
-	w := newWorld(t, "a", "b")
-	w.set.AgeAware, w.set.MeanDurationMs, w.set.WindowMs = true, 100, 60_000
-	w.teachThenRead(map[string]float64{"a": 8, "b": 8}, map[string]float64{"a": 0, "b": 0})
-	snap := w.build(2000)
-	before := append([]Candidate(nil), snap.Candidates...)
-	burst := map[string]int{}
-	for k := range uint64(16) {
-		burst[snap.Pick("m", k, 2000, w.own).Candidate.Site]++
-	}
-	if !reflect.DeepEqual(before, snap.Candidates) {
-		t.Error("picks changed the snapshot")
-	}
-	if burst["a"] < 6 || burst["b"] < 6 {
-		t.Errorf("a burst of 16 with own sends: %v, want about 8 each", burst)
-	}
-	// A pick handed no OwnSends counts nothing anywhere.
-	inFlight := func(snap *Snapshot, now int64) (total float64) {
-		for i, c := range w.own.countersFor(snap) {
-			if c != nil {
-				total += c.inFlight(now, 100, snap.Candidates[i].Predicted, snap.Candidates[i].Ceiling)
-			}
+	for _, ignore := range []bool{false, true} {
+		w := newWorld(t, "a", "b")
+		w.ageAware, w.ignoreOwn, w.meanMs, w.set.WindowMs = true, ignore, 100, 60_000
+		w.teachThenRead(map[string]float64{"a": 8, "b": 8}, map[string]float64{"a": 0, "b": 0})
+		snap := w.build(2000)
+		before := append([]Candidate(nil), snap.Candidates...)
+		burst := map[string]int{}
+		for k := range uint64(16) {
+			burst[snap.Pick("m", k, 2000).Candidate.Site]++
 		}
-		return total
+		if !reflect.DeepEqual(before, snap.Candidates) {
+			t.Error("picks changed the snapshot")
+		}
+		counted := ownInFlight(snap, 2000)
+		if ignore {
+			if counted != 0 {
+				t.Errorf("own sends ignored: %v counted after 16 picks", counted)
+			}
+			continue
+		}
+		if burst["a"] < 6 || burst["b"] < 6 {
+			t.Errorf("a burst of 16 with own sends: %v, want about 8 each", burst)
+		}
+		if counted < 15.9 {
+			t.Errorf("own sends %v after 16 picks, want 16", counted)
+		}
+		// A rebuild keeps the counters of readings that did not change: the
+		// sends just made still weigh on the next snapshot.
+		if total := ownInFlight(w.build(2001), 2001); total < 14 {
+			t.Errorf("own sends after a rebuild: %.1f in flight, want about 16", total)
+		}
 	}
-	counted := inFlight(snap, 2000)
-	for k := range uint64(16) {
-		snap.Pick("m", k, 2000, nil)
+}
+
+// ownInFlight is what the age-aware picker of snap counts of this
+// gateway's sends at now, over every candidate.
+func ownInFlight(snap *Snapshot, now int64) (total float64) {
+	pk := snap.picker.(*ageAwarePicker)
+	for i := range pk.cands {
+		if c := pk.cands[i].own; c != nil {
+			total += c.inFlight(now, pk.cands[i].unitMs, snap.Candidates[i].Predicted, snap.Candidates[i].Ceiling)
+		}
 	}
-	if got := inFlight(snap, 2000); got != counted || counted < 15.9 {
-		t.Errorf("own sends %v after 16 picks with, %v after 16 more without", counted, got)
+	return total
+}
+
+// boardOnly is snap read by the board alone: its age-aware picker without
+// own-send counters, so repeated picks at one instant read the same loads.
+func boardOnly(snap *Snapshot) *Snapshot {
+	r := *snap
+	if pk, ok := snap.picker.(*ageAwarePicker); ok {
+		bare := &ageAwarePicker{cands: append([]ageCandidate(nil), pk.cands...)}
+		for i := range bare.cands {
+			bare.cands[i].own = nil
+		}
+		r.picker = bare
 	}
-	// A rebuild keeps the counters of readings that did not change: the
-	// sends just made still weigh on the next snapshot.
-	next := w.build(2001)
-	if got := w.own.countersFor(next); got == nil || w.own.countersFor(snap) == nil {
-		t.Fatal("the previous snapshot or the new one is not bound")
+	return &r
+}
+
+// unitOf is the age unit snap's age-aware picker reads site in.
+func unitOf(snap *Snapshot, site string) float64 {
+	for i := range snap.Candidates {
+		if snap.Candidates[i].Site == site {
+			return snap.picker.(*ageAwarePicker).cands[i].unitMs
+		}
 	}
-	total := inFlight(next, 2001)
-	if total < 14 {
-		t.Errorf("own sends after a rebuild: %.1f in flight, want about 16", total)
-	}
+	return 0
 }
 
 // TestClaimedProvidersShareOneFloor: capacity a provider has not
@@ -964,7 +1018,7 @@ func TestPickNeverWritesTheSnapshot(t *testing.T) {
 func TestClaimedProvidersShareOneFloor(t *testing.T) {
 	share := func(ageAware bool, claimed int) float64 {
 		w := newWorld(t, "home")
-		w.set.AgeAware, w.set.MeanDurationMs = ageAware, 1000
+		w.ageAware, w.meanMs = ageAware, 1000
 		publish := func(site, provider string, at int64, running float64) {
 			lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
 			w.seq++
@@ -1001,7 +1055,7 @@ func TestClaimedProvidersShareOneFloor(t *testing.T) {
 		}
 		hostile := 0
 		for turn := range uint64(2000) {
-			if p := snap.Pick("m", turn, 2000+int64(turn)*10, w.own); p.Candidate != nil && p.Candidate.Site == "hostile" {
+			if p := snap.Pick("m", turn, 2000+int64(turn)*10); p.Candidate != nil && p.Candidate.Site == "hostile" {
 				hostile++
 			}
 		}

@@ -5,9 +5,77 @@ import (
 	"sync"
 )
 
+// DefaultServiceMs is the mean request duration assumed before any is
+// observed: a typical LLM request.
+const DefaultServiceMs = 10_000
+
+// Pace is what the age-aware policy reads a reading's age in: the mean
+// duration of a request served without waiting, over all of a gateway's
+// requests and, where they can be told apart, per site.
+type Pace interface {
+	MeanMs() float64
+	// SiteMs is site's own mean duration, when it can be told apart.
+	SiteMs(site string) (ms float64, ok bool)
+}
+
+// Service is what a gateway observed of its requests' service, over all
+// sites and per site: the age-aware policy's Pace. The request path writes
+// it as requests end; a site's estimate is made on its first request and
+// dropped with the topology (Retain). Any goroutine may call it.
+type Service struct {
+	all ServiceTime
+	// sites maps a site's name to its *ServiceTime: a sync.Map, so
+	// delivered requests take no gateway-wide lock; the set of sites is
+	// written once per site and read per request.
+	sites sync.Map
+}
+
+// Observe records a whole answer from site (ServiceTime.Observe).
+func (s *Service) Observe(site string, ms float64, room bool) {
+	s.all.Observe(ms, room)
+	s.site(site).Observe(ms, room)
+}
+
+// ObserveStream records a stream from site (ServiceTime.ObserveStream).
+func (s *Service) ObserveStream(site string, firstTokenMs, decodeMs float64) {
+	s.all.ObserveStream(firstTokenMs, decodeMs)
+	s.site(site).ObserveStream(firstTokenMs, decodeMs)
+}
+
+// MeanMs is the estimate over all sites.
+func (s *Service) MeanMs() float64 { return s.all.MeanMs() }
+
+// SiteMs is site's own pace when it can be told apart (SitePace).
+func (s *Service) SiteMs(site string) (float64, bool) {
+	st, ok := s.sites.Load(site)
+	if !ok {
+		return 0, false
+	}
+	return SitePace(&s.all, st.(*ServiceTime))
+}
+
+// Retain drops the estimates of sites live does not keep.
+func (s *Service) Retain(live func(site string) bool) {
+	s.sites.Range(func(k, _ any) bool {
+		if !live(k.(string)) {
+			s.sites.Delete(k)
+		}
+		return true
+	})
+}
+
+// site is site's estimate, made on first use.
+func (s *Service) site(site string) *ServiceTime {
+	if st, ok := s.sites.Load(site); ok {
+		return st.(*ServiceTime)
+	}
+	st, _ := s.sites.LoadOrStore(site, &ServiceTime{})
+	return st.(*ServiceTime)
+}
+
 // ServiceTime estimates the mean duration of a request served without
 // waiting: the unit in which the age-aware policy reads a reading's age
-// (Settings.MeanDurationMs). Durations that include a queue would feed on
+// (Pace). Durations that include a queue would feed on
 // herding: once requests wait, durations grow, readings look younger than
 // they are, and the policy trusts them harder (measured in
 // internal/routesim, phases sync). The queue is kept out three ways:
@@ -25,7 +93,7 @@ import (
 //     (serviceWindows × serviceWindow requests). Erring low is the safe
 //     side: readings then look older, and the policy leans on capacity.
 //
-// It starts at 10 s, a typical LLM request; until the first window fills it
+// It starts at DefaultServiceMs; until the first window fills it
 // is the mean of what it has seen. Any goroutine may call it.
 type ServiceTime struct {
 	mu      sync.Mutex
@@ -113,7 +181,7 @@ func (s *ServiceTime) MeanMs() float64 {
 	case s.count > 0:
 		return s.sum / float64(s.count)
 	}
-	return 10_000
+	return DefaultServiceMs
 }
 
 // paceStats is the mean pace of the samples in the full windows and its
@@ -136,7 +204,7 @@ func (s *ServiceTime) paceStats() (mean, stdErr float64, n int) {
 	return mean, math.Sqrt(max(sq-mean*mean, 0) / float64(n*serviceWindow)), n
 }
 
-// SitePace is one site's own mean duration (Settings.SiteMeanMs) when its
+// SitePace is one site's own mean duration (Pace.SiteMs) when its
 // requests can be told apart from all of this gateway's requests (all):
 // once site has a full window, and their mean paces (a stream's decode, a
 // whole answer's duration) differ by more than four standard errors of the

@@ -56,7 +56,10 @@ func tri(b bool) Tri {
 	return No
 }
 
-// Candidate is one provider of one site that serves a model.
+// Candidate is one provider of one site that serves a model. Its fields are
+// what the builder read and learned of it, each with one meaning; what a
+// policy derives from them is the policy's own (its picker), except the two
+// view fields Predicted and Active.
 type Candidate struct {
 	Model    string
 	Site     string
@@ -80,27 +83,21 @@ type Candidate struct {
 	// RawRho is the latest reading's saturation before smoothing: room is
 	// decided from it (docs/routing.md).
 	RawRho float64
-	// InFlight is the reading's in-flight count the rho was computed from.
+	// InFlight is the in-flight count over the load window the rho was
+	// computed from.
 	InFlight float64
-	// Active marks a candidate the age-aware policy draws from: by the
-	// prediction of its present load, among the least loaded.
-	Active bool
-	// Predicted is the predicted present load over capacity.
+	// Predicted and Active are the policy's reading of the candidate at
+	// the build, for the view and the metrics: its predicted present load
+	// over its ceiling (NaN where the policy predicts none), and whether
+	// it is among those the policy draws new requests from.
 	Predicted float64
-	// interpreted marks a candidate the age-aware policy draws new
-	// requests among.
-	interpreted bool
-	// readLoad is the load (in-flight over ceiling) at the latest reading,
-	// set with latestAt.
-	readLoad float64
-	// latestAt is the timeline instant of the candidate's latest reading.
-	latestAt int64
-	// unitMs is the candidate's mean request duration: its site's own
-	// (Settings.SiteMeanMs), or the snapshot's meanMs.
-	unitMs float64
+	Active    bool
+	// latestInFlight is the in-flight count of the latest reading, taken
+	// at latestAt, the timeline instant of that reading (0: none).
+	latestInFlight float64
+	latestAt       int64
 	// backlogMs is how long the backlog of the latest reading had been
-	// seen to persist by then (0 without a backlog): predict holds it that
-	// much longer before draining it.
+	// seen to persist by then (0 without a backlog).
 	backlogMs int64
 	Full      Tri
 	Relieved  Tri
@@ -116,7 +113,9 @@ func (c *Candidate) ReadingAt() (int64, bool) { return c.latestAt, c.latestAt !=
 // Key returns the candidate's store key.
 func (c *Candidate) Key() loadstore.Key { return loadstore.Key{Site: c.Site, Provider: c.Provider} }
 
-// Settings are the availability knobs (docs/protocol.md §3.4).
+// Settings are the availability knobs (docs/protocol.md §3.4): how every
+// policy's candidates are measured, learned and shed. How they are drawn
+// from is the Policy's.
 type Settings struct {
 	Shedding          bool
 	Smoothing         float64
@@ -131,17 +130,6 @@ type Settings struct {
 	// SingleCeiling selects the reference code's one decayed ceiling
 	// instead of the soft and hard bounds with the KV term.
 	SingleCeiling bool
-	// AgeAware selects the age-aware interpretation of the load board for
-	// sites with room (docs/routing.md); false keeps the reference arms.
-	AgeAware bool
-	// MeanDurationMs is the estimated mean request duration, the unit in
-	// which the age-aware policy reads a reading's age.
-	MeanDurationMs float64
-	// SiteMeanMs is, for the sites this gateway has seen enough of, their
-	// own mean duration: a site's reading drains, and sends to it
-	// complete, at its own pace (docs/routing.md). Others use
-	// MeanDurationMs.
-	SiteMeanMs map[string]float64
 }
 
 // DefaultSettings are the reference defaults with a 5s load window.
@@ -151,45 +139,89 @@ var DefaultSettings = Settings{
 }
 
 // Snapshot is an immutable routing view. The request path reads nothing
-// else.
+// else: its candidates, and its picker, the policy's reading of them (a
+// picker's own-send counters are the one thing the request path writes).
 type Snapshot struct {
 	Candidates []Candidate
-	ageAware   bool
-	// meanMs is the mean request duration the age-aware policy reads ages
-	// and own sends in.
-	meanMs float64
-	// byModel lists, per model, candidate indexes in snapshot order.
-	byModel  map[string][]int32
+	// byModel indexes, per model, the candidates that serve it.
+	byModel  map[string]*modelIndex
 	Shedding map[string]bool
 	BuiltAt  int64
+	// picker draws among the candidates; nil draws by the reference arms.
+	picker picker
+}
+
+// modelIndex lists one model's candidates by position in the snapshot, in
+// snapshot order, and the two lists a pick starts from, fixed when the
+// snapshot is assembled.
+type modelIndex struct {
+	all []int32
+	// routable: admitted for new requests and with an upstream, at most
+	// MaxSites; healthy: of those (the first MaxSites), not demoted.
+	routable, healthy []int32
+	// admitted: some candidate takes new requests, routable or not.
+	admitted bool
 }
 
 // NewSnapshot assembles a snapshot from ordered candidates, for views
-// derived from a built one (the hop view, tests).
+// derived from a built one (the hop view, tests). It draws by the reference
+// arms until a policy's picker is set.
 func NewSnapshot(cands []Candidate, shedding map[string]bool, builtAt int64) *Snapshot {
-	s := &Snapshot{Candidates: cands, byModel: map[string][]int32{}, Shedding: shedding, BuiltAt: builtAt}
+	s := &Snapshot{Candidates: cands, byModel: map[string]*modelIndex{}, Shedding: shedding, BuiltAt: builtAt}
 	if s.Shedding == nil {
 		s.Shedding = map[string]bool{}
 	}
 	for i := range cands {
-		s.byModel[cands[i].Model] = append(s.byModel[cands[i].Model], int32(i))
+		c := &cands[i]
+		m := s.byModel[c.Model]
+		if m == nil {
+			m = &modelIndex{}
+			s.byModel[c.Model] = m
+		}
+		m.all = append(m.all, int32(i))
+		if c.Admission != NewAndExisting {
+			continue
+		}
+		m.admitted = true
+		if c.Upstream == nil {
+			continue
+		}
+		if len(m.routable) < MaxSites {
+			m.routable = append(m.routable, int32(i))
+		}
+		if len(m.healthy) < MaxSites && !math.IsNaN(c.Score) {
+			m.healthy = append(m.healthy, int32(i))
+		}
 	}
 	return s
 }
 
 // Restrict is the snapshot narrowed to the candidates keep accepts, in the
-// same order, read by the same policy: the age-aware draw, its unit and the
-// shedding latch carry over (the hop view: docs/gateway.md).
+// same order, read by the same policy: its picker's reading of each kept
+// candidate, its own-send counters and the shedding latch carry over (the
+// hop view: docs/gateway.md).
 func (s *Snapshot) Restrict(keep func(*Candidate) bool) *Snapshot {
 	var cands []Candidate
+	var kept []int32
 	for i := range s.Candidates {
 		if keep(&s.Candidates[i]) {
 			cands = append(cands, s.Candidates[i])
+			kept = append(kept, int32(i))
 		}
 	}
 	r := NewSnapshot(cands, s.Shedding, s.BuiltAt)
-	r.ageAware, r.meanMs = s.ageAware, s.meanMs
+	if s.picker != nil {
+		r.picker = s.picker.restrict(kept)
+	}
 	return r
+}
+
+// draws is the snapshot's picker.
+func (s *Snapshot) draws() picker {
+	if s.picker == nil {
+		return referencePicker{}
+	}
+	return s.picker
 }
 
 // Models lists the models some candidate serves, sorted.
@@ -216,36 +248,49 @@ type learned struct {
 // Builder rebuilds snapshots from the store; rebuilds are serialised and
 // each result is swapped in atomically.
 type Builder struct {
-	// mu serialises rebuilds and guards learned and prevShed.
+	// mu serialises rebuilds and guards learned, prevShed and policy (and
+	// what the policy keeps across builds).
 	mu       sync.Mutex
 	learned  map[loadstore.Key]*learned
 	prevShed map[string]bool
-	// own is bound to every snapshot before it is published.
-	own *OwnSends
+	policy   Policy
 	// current is read by any goroutine.
 	current atomic.Pointer[Snapshot]
 }
 
-// NewBuilder returns a builder whose current snapshot is empty, binding its
-// snapshots to own (nil: picks read the board alone).
-func NewBuilder(own *OwnSends) *Builder {
-	b := &Builder{learned: map[loadstore.Key]*learned{}, own: own, prevShed: map[string]bool{}}
-	b.current.Store(&Snapshot{byModel: map[string][]int32{}, Shedding: map[string]bool{}})
+// NewBuilder returns a builder whose current snapshot is empty and whose
+// snapshots policy reads.
+func NewBuilder(policy Policy) *Builder {
+	b := &Builder{learned: map[loadstore.Key]*learned{}, prevShed: map[string]bool{}, policy: policy}
+	b.current.Store(NewSnapshot(nil, nil, 0))
 	return b
 }
 
-// Forget drops what the builder learned of keys the store forgot, so a
-// provider that returns starts learning afresh and the builder holds
-// nothing for providers gone for good.
+// SetPolicy makes policy read the snapshots built from now on (a reload
+// that changes availability.policy); what the builder learned is kept.
+func (b *Builder) SetPolicy(policy Policy) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.policy = policy
+}
+
+// Policy is the policy the next build uses.
+func (b *Builder) Policy() Policy {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.policy
+}
+
+// Forget drops what the builder and its policy learned of keys the store
+// forgot, so a provider that returns starts learning afresh and nothing is
+// held for providers gone for good.
 func (b *Builder) Forget(keys []loadstore.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, k := range keys {
 		delete(b.learned, k)
 	}
-	if b.own != nil {
-		b.own.forget(keys)
-	}
+	b.policy.forget(keys)
 }
 
 // Current is the latest snapshot: one atomic load.
@@ -272,6 +317,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	for i := range cands {
 		s := set
 		s.CeilingFloor *= share(&cands[i])
+		cands[i].Predicted = math.NaN()
 		b.measure(store, &cands[i], now, s)
 	}
 	// Explore floor: no measured site weighs less than a share of the
@@ -302,13 +348,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	}
 	snap := NewSnapshot(cands, nil, now)
 	b.shed(snap, set)
-	if set.AgeAware {
-		snap.ageAware = true
-		b.interpret(snap, now, set)
-		if b.own != nil {
-			b.own.bind(snap)
-		}
-	}
+	snap.picker = b.policy.prepare(snap, now)
 	b.current.Store(snap)
 	return snap
 }
@@ -374,9 +414,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	c.Measured = true
 	c.Capacity, c.Ceiling, c.Rho, c.RawRho, c.InFlight = effective, effective, rho, raw, r.InFlight.V
 	if r.LatestInFlight.OK {
-		c.latestAt = r.LatestAt
-		c.Predicted = r.LatestInFlight.V // interpreted against its age later
-		c.readLoad = r.LatestInFlight.V / effective
+		c.latestAt, c.latestInFlight = r.LatestAt, r.LatestInFlight.V
 		if r.CongestedSince.OK {
 			c.backlogMs = r.LatestAt - int64(r.CongestedSince.V)
 		}

@@ -170,19 +170,17 @@ func (s *site) inSystem() int { return s.running + len(s.queue) }
 // gateway is one gateway's view: its board (for the baseline policies) and
 // the real routing stack (for reference and age-aware).
 type gateway struct {
-	board    []int // in-system counts at the last refresh
-	own      []int // this gateway's sends to each site since that refresh
-	store    *loadstore.Store
-	builder  *route.Builder
-	ownSends *route.OwnSends // the age-aware pick's own sends; nil for the ablation
-	snap     *route.Snapshot
-	cands    []route.Candidate
-	wrr      []float64 // smooth weighted round robin state
-	seq      int64
-	turn     uint64
-	service  route.ServiceTime // the age unit, learned as the gateway does
-	// siteService is each site's own pace, as the gateway learns it.
-	siteService []route.ServiceTime
+	board   []int // in-system counts at the last refresh
+	own     []int // this gateway's sends to each site since that refresh
+	store   *loadstore.Store
+	builder *route.Builder
+	snap    *route.Snapshot
+	cands   []route.Candidate
+	wrr     []float64 // smooth weighted round robin state
+	seq     int64
+	turn    uint64
+	// service is the age unit, learned as the gateway learns it.
+	service *route.Service
 }
 
 // Run simulates cfg and returns the mean and p99 time in system.
@@ -209,19 +207,20 @@ func Run(cfg Config) Result {
 	// The ceiling half-life in mean durations as in production: 600 s of
 	// 10 s requests.
 	set.CeilingHalfLifeMs = 60 * unit
-	set.AgeAware = cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
 	gws := make([]*gateway, cfg.Gateways)
 	for k := range gws {
 		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
 			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
-		if cfg.Policy != AgeAwareNoOwn { // the ablation: the board alone
-			g.ownSends = route.NewOwnSends()
+		g.service = &route.Service{}
+		var policy route.Policy = route.Reference{}
+		if cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn {
+			// The ablation reads the board alone.
+			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn})
 		}
-		g.builder = route.NewBuilder(g.ownSends)
+		g.builder = route.NewBuilder(policy)
 		for i := range sites {
 			g.cands = append(g.cands, route.Candidate{Model: "m", Site: fmt.Sprintf("s%02d", i), Provider: "p", Upstream: &url.URL{Host: "x"}})
 		}
-		g.siteService = make([]route.ServiceTime, len(sites))
 		gws[k] = g
 	}
 
@@ -233,7 +232,7 @@ func Run(cfg Config) Result {
 	poll := math.Min(cfg.BoardAge, 0.1)
 	// Only the policies that run the gateway's routing stack need its
 	// store and snapshots; the baselines read the board directly.
-	stack := cfg.Policy == Reference || set.AgeAware
+	stack := cfg.Policy == Reference || cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
 	switch cfg.Phases {
 	case PhasesSync:
 		push(event{at: phaseRng.Float64() * T, kind: refresh, gw: -1, site: -1})
@@ -320,8 +319,7 @@ func Run(cfg Config) Result {
 			// and the service apart.
 			g := gws[e.req.gw]
 			wait, served := (d-e.req.service)*unit, e.req.service*unit
-			g.service.ObserveStream(wait, served)
-			g.siteService[e.site].ObserveStream(wait, served)
+			g.service.ObserveStream(g.cands[e.site].Site, wait, served)
 			startQueued(e.site)
 		case refresh:
 			for k, g := range gws {
@@ -341,13 +339,6 @@ func Run(cfg Config) Result {
 			push(event{at: now + T, kind: refresh, gw: e.gw, site: e.site})
 		case rebuild:
 			g := gws[e.gw]
-			set.MeanDurationMs = g.service.MeanMs()
-			set.SiteMeanMs = map[string]float64{}
-			for i := range g.siteService {
-				if ms, ok := route.SitePace(&g.service, &g.siteService[i]); ok {
-					set.SiteMeanMs[g.cands[i].Site] = ms
-				}
-			}
 			g.snap = g.builder.Build(g.store, g.cands, int64(now*unit), nil, set)
 			push(event{at: now + poll, kind: rebuild, gw: e.gw})
 		case swap:
@@ -400,7 +391,7 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 			return rng.IntN(len(sites))
 		}
 		g.turn++
-		p := g.snap.Pick("m", g.turn, int64(now*unit), g.ownSends)
+		p := g.snap.Pick("m", g.turn, int64(now*unit))
 		if p.Candidate == nil {
 			return rng.IntN(len(sites))
 		}
