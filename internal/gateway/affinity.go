@@ -93,13 +93,15 @@ func prefixHash(model string, head []byte) uint64 {
 	return h ^ (h >> 31)
 }
 
-// pick chooses a candidate for model: a request of a bound session goes to
-// its site while the snapshot keeps it (route.Snapshot.Keep); a request
-// with a prompt prefix and no session key to the prefix's preferred site
-// (route.Snapshot.Prefer) when prefix affinity is on; anything else, and
-// anything affinity cannot place, by the normal pick. boundProvider is what
-// an entry gateway named on a hop request (headerBoundProvider).
-func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prompt []byte, turn uint64, hop bool, boundProvider string) (route.Pick, session) {
+// pick chooses a candidate for the request's model: a request of a bound
+// session goes to its site while the snapshot keeps it
+// (route.Snapshot.Keep); a request with a prompt prefix and no session key
+// to the prefix's preferred site (route.Snapshot.Prefer) when prefix
+// affinity is on; anything else, and anything affinity cannot place, by
+// the normal pick. A hop request keeps
+// the binding its entry gateway named (exchange.boundProvider).
+func (x *exchange) pick(prompt []byte) (route.Pick, session) {
+	g, r, snap, model, turn := x.g, x.r, x.snap, x.model, x.turn
 	cfg := g.cfg.Load()
 	a := &cfg.Affinity
 	now := g.timeline.NowMs()
@@ -107,10 +109,10 @@ func (g *Gateway) pick(r *http.Request, snap *route.Snapshot, model string, prom
 	if snap.Shedding[model] {
 		return normal(), session{} // shedding answers every request alike
 	}
-	if hop {
+	if x.peer != nil {
 		// The entry gateway holds the binding and chose this site.
-		if boundProvider != "" {
-			if p, v := snap.Keep(model, cfg.Site, boundProvider, now, *a.Threshold); v == route.Kept {
+		if x.boundProvider != "" {
+			if p, v := snap.Keep(model, cfg.Site, x.boundProvider, now, *a.Threshold); v == route.Kept {
 				return p, session{}
 			}
 		}

@@ -58,56 +58,25 @@ type Options struct {
 	Identity *identity.Source
 }
 
-// Gateway is one site's gateway.
+// Gateway is one site's gateway. Its fields are grouped by who may touch
+// them.
 type Gateway struct {
-	cfg      atomic.Pointer[config.Gateway]
+	// Set by New and never replaced; each is safe for any goroutine (the
+	// store, builder, budget, history, health, session table, stream set
+	// and service estimate synchronise themselves).
 	clk      clock.Clock
 	log      *slog.Logger
 	id       *identity.Source
+	m        *metrics
+	opClient *http.Client
 	timeline *loadstore.Timeline
 	store    *loadstore.Store
 	builder  *route.Builder
 	// bodies bounds the request bodies held in memory (limits.bodyBytes).
 	bodies *bodyBudget
 	// hist is the dashboard's history (history.go).
-	hist *history
-	// guards are the listeners' connection caps, set by Guard.
-	guards [numListeners]atomic.Pointer[connlimit.Listener]
-	m      *metrics
-
-	opClient *http.Client
-	serving  atomic.Pointer[signals.Serving]
-	// local is the hop view: this site's own candidates only.
-	local atomic.Pointer[route.Snapshot]
-
-	lastRequest atomic.Int64 // unix ns of the latest request (or of the start)
-	wake        chan struct{}
-	firstOnce   sync.Once
-	first       chan struct{} // closed after the first successful poll
-	// lastRead is the unix ns of the latest successful poll, 0 before one.
-	lastRead atomic.Int64
-	// cursor is the last answer's long-poll cursor (nil: read plainly).
-	cursor atomic.Pointer[string]
-	// waitingSince is the unix ns a long poll now waiting at the operator
-	// was sent, 0 when none waits: while the operator holds it, it answers
-	// on change, so the board is as fresh as what the operator holds.
-	waitingSince atomic.Int64
-	// pollDone is closed, and replaced, at the end of every poll cycle.
-	pollDone atomic.Pointer[chan struct{}]
-	turn     atomic.Uint64
-	// refreshMu serialises refreshes: the poll loop's, and a request's
-	// that found the snapshot too old after a failed wake poll.
-	refreshMu sync.Mutex
-
-	// The poll loop's WARN state, under warnMu.
-	warnMu       sync.Mutex
-	failing      int // polls failed in a row
-	warnedResult string
-	warnedAt     time.Time
-
-	health *health
-	// ejected asks the poll loop for a rebuild after an ejection.
-	ejected   chan struct{}
+	hist      *history
+	health    *health
 	upstreams *upstreams
 	rep       *reporter
 	picks     picks
@@ -116,12 +85,49 @@ type Gateway struct {
 	// request path writes it, the snapshot rebuild reads it.
 	service  *route.Service
 	sessions *affinity.Table // session affinity's bindings (affinity.go)
-
-	// streams are the SSE answers copied off the server's goroutines;
-	// rejoin is the client listener their connections return through,
-	// set by Guard (detach.go).
+	// streams are the SSE answers copied off the server's goroutines
+	// (detach.go).
 	streams *streamSet
-	rejoin  atomic.Pointer[rejoinListener]
+	// wake asks the poll loop to poll (a request after an idle spell);
+	// ejected asks it for a rebuild after a passive-health ejection; first
+	// is closed after the first successful poll (firstOnce).
+	wake      chan struct{}
+	ejected   chan struct{}
+	first     chan struct{}
+	firstOnce sync.Once
+
+	// Swapped atomically, read by any goroutine.
+	cfg     atomic.Pointer[config.Gateway]
+	serving atomic.Pointer[signals.Serving]
+	// local is the hop view: this site's own candidates only.
+	local atomic.Pointer[route.Snapshot]
+	// guards are the listeners' connection caps, and rejoin the client
+	// listener detached streams' connections return through; set by Guard.
+	guards [numListeners]atomic.Pointer[connlimit.Listener]
+	rejoin atomic.Pointer[rejoinListener]
+	turn   atomic.Uint64
+	// lastRequest is the unix ns of the latest request (or of the start);
+	// lastRead of the latest successful poll, 0 before one.
+	lastRequest atomic.Int64
+	lastRead    atomic.Int64
+	// cursor is the last answer's long-poll cursor (nil: read plainly).
+	cursor atomic.Pointer[string]
+	// waitingSince is the unix ns a long poll now waiting at the operator
+	// was sent, 0 when none waits: while the operator holds it, it answers
+	// on change, so the board is as fresh as what the operator holds.
+	waitingSince atomic.Int64
+	// pollDone is closed, and replaced, at the end of every poll cycle.
+	pollDone atomic.Pointer[chan struct{}]
+
+	// refreshMu serialises refreshes: the poll loop's, and a request's
+	// that found the snapshot too old after a failed wake poll.
+	refreshMu sync.Mutex
+
+	// The poll loop's WARN state, guarded by warnMu.
+	warnMu       sync.Mutex
+	failing      int // polls failed in a row
+	warnedResult string
+	warnedAt     time.Time
 }
 
 // New builds a gateway from a validated configuration.
@@ -445,7 +451,7 @@ func (g *Gateway) pollFailed(err error) {
 
 // polled marks the end of a poll cycle: a success records when and says so
 // if reads had been failing; either way, requests waiting for a fresh
-// snapshot (freshSnapshot) are woken.
+// snapshot (awaitFresh) are woken.
 func (g *Gateway) polled(ok bool) {
 	if ok {
 		g.lastRead.Store(g.clk.Now().UnixNano())
@@ -646,15 +652,16 @@ func localView(s *route.Snapshot) *route.Snapshot {
 	return s.Restrict(func(c *route.Candidate) bool { return c.Local })
 }
 
-// freshSnapshot returns the snapshot a request routes on: one built within
-// the load window from a successful read of the operator. Before the first
+// awaitFresh waits, where it must, until the snapshots a request routes on
+// (Gateway.view) are fresh: built within the load window from a successful
+// read of the operator. Before the first
 // read it waits, bounded, for it, and refuses with operator_unreachable if
 // it does not come. After an idle period (no polls, so the snapshot kept
 // the readings of its last build) it waits for the wake poll, up to the poll
 // timeout; if that poll fails, the snapshot is rebuilt now, so readings older
 // than the load window count as unknown (never idle) rather than as the
 // present. The common case is one atomic load and a comparison.
-func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot, *apiError) {
+func (g *Gateway) awaitFresh(ctx context.Context) *apiError {
 	select {
 	case <-g.first:
 	default:
@@ -664,14 +671,14 @@ func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot,
 		select {
 		case <-g.first:
 		case <-t.C():
-			return nil, &errOperatorUnreachable
+			return &errOperatorUnreachable
 		case <-ctx.Done():
-			return nil, &errOperatorUnreachable
+			return &errOperatorUnreachable
 		}
 	}
 	window := time.Duration(settings(g.cfg.Load(), g.serving.Load()).WindowMs) * time.Millisecond
 	if g.boardAge() <= window {
-		return g.snapshot(hop), nil
+		return nil
 	}
 	done := *g.pollDone.Load()
 	t := g.clk.NewTimer(pollTimeout)
@@ -684,7 +691,7 @@ func (g *Gateway) freshSnapshot(ctx context.Context, hop bool) (*route.Snapshot,
 	if g.boardAge() > window {
 		g.refresh() // at now: what is older than the load window is unknown
 	}
-	return g.snapshot(hop), nil
+	return nil
 }
 
 // boardAge is how old what the gateway holds may be: the time since its
@@ -705,7 +712,7 @@ func (g *Gateway) boardAge() time.Duration {
 // Ready reports whether the gateway can route: it has read its operator,
 // and, while it polls, its latest successful read is within the load
 // window. An idle gateway stays ready: its next request wakes it and waits
-// for a fresh read (freshSnapshot).
+// for a fresh read (awaitFresh).
 func (g *Gateway) Ready() (bool, string) {
 	last := g.lastRead.Load()
 	if last == 0 {
@@ -725,3 +732,16 @@ func (g *Gateway) Ready() (bool, string) {
 
 // Snapshot is the current routing snapshot, for views such as the demo's.
 func (g *Gateway) Snapshot() *route.Snapshot { return g.builder.Current() }
+
+// DrainStreams waits until every detached stream has ended, or ctx is
+// done; then it cuts those left. Call it after the client listener's
+// server has shut down: the server does not wait for them.
+func (g *Gateway) DrainStreams(ctx context.Context) error { return g.streams.drain(ctx) }
+
+// Close cuts the detached streams still running and releases idle
+// upstream connections.
+func (g *Gateway) Close() {
+	g.streams.cutAndWait()
+	g.upstreams.close()
+	g.opClient.CloseIdleConnections()
+}

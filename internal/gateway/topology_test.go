@@ -82,10 +82,10 @@ func TestHopRoutesLocallyOnly(t *testing.T) {
 		}
 		return out
 	}
-	if got := sites(g.snapshot(false)); !got["west"] || !got["east"] {
+	if got := sites(g.view(nil)); !got["west"] || !got["east"] {
 		t.Fatalf("client view %v, want east and west", got)
 	}
-	if got := sites(g.snapshot(true)); got["west"] || !got["east"] {
+	if got := sites(g.view(&signals.ServingPeer{})); got["west"] || !got["east"] {
 		t.Errorf("hop view %v, want east only", got)
 	}
 }

@@ -1,0 +1,404 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/grid-inference/grid/internal/affinity"
+	"github.com/grid-inference/grid/internal/route"
+)
+
+// Forwarding an attempt: delivering a routed request to its upstream (a
+// provider of this site, or a peer site's gateway), streaming the answer
+// back, classifying what failed, and retrying once where nothing was sent.
+
+// deliver forwards the request to the picked candidate and, when nothing
+// reached that upstream or came back from it (docs/gateway.md, upstream
+// failures), once more to the best-ordered other candidate not known to be
+// down. It returns the request's outcome label, where it was served, and
+// the detached stream that goes on copying the answer, if it was detached
+// (detach.go; the caller starts it). A request that came over the hop and
+// could not be delivered says so (headerNotDelivered), so the entry
+// gateway tries elsewhere as it would for a refused connection.
+func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detachedStream) {
+	g := x.g
+	for try := 0; try < 2; try++ {
+		c := pick.Candidate
+		reason := "routed"
+		if pick.Outcome == route.Fallback {
+			reason = "fallback"
+		} else if try == 0 {
+			g.m.selections.WithLabelValues(pick.Path.String()).Inc()
+		}
+		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
+		g.picks.add(c.Site)
+		began := g.clk.Now()
+		ans := answer{bound: pick.Path == route.PathSession}
+		switch x.forward(c, began, &ans) {
+		case delivered:
+			served := affinity.Binding{Site: c.Site, Provider: ans.provider}
+			if s := ans.detached; s != nil {
+				room := pick.Room
+				s.observe = func() { g.observeService(c.Site, began, &ans, room) }
+				return "routed", served, s
+			}
+			g.observeService(c.Site, began, &ans, pick.Room)
+			return "routed", served, nil
+		case failed:
+			return "upstream_error", affinity.Binding{}, nil
+		}
+		g.m.retries.Inc()
+		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(x.snap, x.model, c)}
+		if pick.Candidate == nil {
+			break
+		}
+	}
+	x.notDelivered()
+	errUpstreamUnreachable.write(x.w, x.turn)
+	return "upstream_error", affinity.Binding{}, nil
+}
+
+// alternative is the first candidate in snapshot order, other than tried,
+// that serves model, is admitted and routable, and is not known to be down.
+func (g *Gateway) alternative(snap *route.Snapshot, model string, tried *route.Candidate) *route.Candidate {
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		if c.Model == model && c.Admission == route.NewAndExisting && c.Upstream != nil &&
+			healthKey(c) != healthKey(tried) && !g.health.isDown(c) {
+			return c
+		}
+	}
+	return nil
+}
+
+// answer is what forward saw of an upstream's answer; the handler's
+// goroutine only (the proxy copies the body on it), or, once the answer is
+// detached, the detached stream's.
+type answer struct {
+	// bound: the attempt carries a session to the provider it is bound
+	// to, which a peer gateway is told (headerBoundProvider). Set by the
+	// caller.
+	bound     bool
+	stream    bool      // text/event-stream
+	firstByte time.Time // the first byte of the body; zero before it
+	// provider is the provider that answered: this site's, or the one a
+	// peer gateway names (headerBackend).
+	provider string
+	// detached is the stream that copies the answer after the handler
+	// returns (detach.go); nil when the proxy copied it.
+	detached *detachedStream
+}
+
+// observeService tells the gateway's observed service (route.Service)
+// what one delivered request says of service time: a stream its time to
+// first byte and after it (a request that waited in an engine's queue
+// waited before its first token), a whole answer its duration and whether
+// the pick saw room.
+func (g *Gateway) observeService(site string, began time.Time, ans *answer, room bool) {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	end := g.clk.Now()
+	if ans.stream && !ans.firstByte.IsZero() {
+		g.service.ObserveStream(site, ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
+	} else {
+		g.service.Observe(site, ms(end.Sub(began)), room)
+	}
+}
+
+// outbound is what the gateway sends upstream: the request's body, and
+// whether it asked for a stream (requestHead.stream).
+type outbound struct {
+	body   []byte
+	stream bool
+}
+
+// attempt is how one try to deliver a request ended.
+type attempt uint8
+
+const (
+	// delivered: the upstream answered, whatever the status, and the
+	// answer went to the client (or the client left).
+	delivered attempt = iota
+	// notSent: nothing reached the upstream, or nothing came back before
+	// its connection was lost, and nothing reached the client: the request
+	// may go elsewhere.
+	notSent
+	// failed: the upstream failed after the request reached it; the client
+	// got a 502, or its stream was cut.
+	failed
+)
+
+// errNotDelivered is a peer gateway's answer that it could not deliver a
+// forwarded request to any of its providers (headerNotDelivered).
+var errNotDelivered = errors.New("the peer gateway could not deliver the request to any of its providers")
+
+// forward proxies one attempt to c, streaming the answer through
+// unbuffered. Every failure is classified and counted
+// (grid_gateway_upstream_errors_total) and told to passive health.
+func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (result attempt) {
+	g, w, r, out := x.g, x.w, x.r, x.out
+	transport, err := g.upstreams.transport(c)
+	if err != nil {
+		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
+		return notSent
+	}
+	tw := &trackingWriter{ResponseWriter: w}
+	buffer := &copyBuffer{ans: ans}
+	// An answer that may be detached (detach.go) outlives this handler,
+	// and so must its upstream request: its context is the client's
+	// without the client's end, cancelled when the client leaves while
+	// the handler runs, and by the detached stream after. Only a request
+	// that asks for a stream pays for that context.
+	outCtx := r.Context()
+	var via *rejoinListener
+	if out.stream {
+		via = detachVia(r)
+	}
+	var stopWatch func() bool
+	var cancelOut context.CancelFunc
+	if via != nil {
+		outCtx, cancelOut = context.WithCancel(context.WithoutCancel(r.Context()))
+		stopWatch = context.AfterFunc(r.Context(), cancelOut)
+		defer func() {
+			if ans.detached == nil {
+				stopWatch()
+				cancelOut()
+			}
+		}()
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			if via != nil {
+				pr.Out = pr.Out.WithContext(outCtx)
+			}
+			pr.SetURL(c.Upstream)
+			pr.SetXForwarded()
+			if ans.bound && !c.Local {
+				pr.Out.Header.Set(headerBoundProvider, c.Provider)
+			}
+			pr.Out.Body = io.NopCloser(bytes.NewReader(out.body))
+			pr.Out.ContentLength = int64(len(out.body))
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+		BufferPool:    buffer,
+		ModifyResponse: func(resp *http.Response) error {
+			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
+				return errNotDelivered
+			}
+			g.health.answered(c, resp.StatusCode, began)
+			ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+			resp.Header.Set(headerSite, c.Site)
+			if c.Local || resp.Header.Get(headerBackend) == "" {
+				resp.Header.Set(headerBackend, c.Provider)
+			}
+			ans.provider = resp.Header.Get(headerBackend)
+			// A stream the upstream cuts is a failure of the upstream, seen
+			// only while the body is copied; its first byte is the time to
+			// first token the dashboard shows.
+			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
+				failed: func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
+				firstByte: func() {
+					ans.firstByte = g.clk.Now()
+					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
+				}}
+			if via != nil && ans.stream && detachable(resp) {
+				if s := detach(tw, resp, g.streams, via, outCtx, cancelOut); s != nil {
+					stopWatch()
+					ans.detached = s
+					resp.Body = http.NoBody // ReverseProxy closes it
+					tw.release()
+					return errDetached
+				}
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			if errors.Is(err, errDetached) {
+				result = delivered
+				return
+			}
+			if req.Context().Err() != nil {
+				return // the client went away; nothing to answer or count
+			}
+			kind := classifyUpstream(err)
+			g.upstreamFailed(c, kind, err, began)
+			if kind.nothingSent() && !tw.wrote {
+				result = notSent
+				return
+			}
+			result = failed
+			if !tw.wrote {
+				errUpstreamFailed.write(w, 0)
+			}
+		},
+	}
+	rp.ServeHTTP(tw, r)
+	return result
+}
+
+// upstreamFailure classifies a failed attempt, the reason label of
+// grid_gateway_upstream_errors_total.
+type upstreamFailure string
+
+// The upstream failures. The first five mean nothing reached the upstream
+// or came back from it: the request may go elsewhere, and passive health
+// takes the upstream out at once. The others mean the upstream had the
+// request: they count toward passive health's streak of five.
+const (
+	upstreamRefused        upstreamFailure = "refused"         // connection refused or reset at connect
+	upstreamConnectTimeout upstreamFailure = "connect_timeout" // no connection within upstream.connectTimeout
+	upstreamTLS            upstreamFailure = "tls"             // handshake failed or timed out, or the wrong identity
+	upstreamNotDelivered   upstreamFailure = "not_delivered"   // a peer gateway's providers all refused it
+	upstreamLost           upstreamFailure = "connection_lost" // the connection died before any answer (a hop ping went unanswered)
+	upstreamResponse       upstreamFailure = "response_timeout"
+	upstreamStream         upstreamFailure = "stream" // the answer was cut after its headers
+	upstreamTransport      upstreamFailure = "transport"
+)
+
+var upstreamFailures = []upstreamFailure{upstreamRefused, upstreamConnectTimeout, upstreamTLS, upstreamNotDelivered,
+	upstreamLost, upstreamResponse, upstreamStream, upstreamTransport}
+
+func (f upstreamFailure) nothingSent() bool {
+	switch f {
+	case upstreamRefused, upstreamConnectTimeout, upstreamTLS, upstreamNotDelivered, upstreamLost:
+		return true
+	}
+	return false
+}
+
+// classifyUpstream reads a round trip's error.
+func classifyUpstream(err error) upstreamFailure {
+	var (
+		op     *net.OpError
+		alert  tls.AlertError
+		record tls.RecordHeaderError
+		cve    *tls.CertificateVerificationError
+	)
+	msg := err.Error()
+	switch {
+	case errors.Is(err, errNotDelivered):
+		return upstreamNotDelivered
+	case errors.As(err, &op) && op.Op == "dial":
+		if op.Timeout() {
+			return upstreamConnectTimeout
+		}
+		return upstreamRefused
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return upstreamRefused
+	case errors.As(err, &alert), errors.As(err, &record), errors.As(err, &cve), strings.Contains(msg, "TLS handshake timeout"):
+		return upstreamTLS
+	case strings.Contains(msg, "timeout awaiting response headers"):
+		return upstreamResponse
+	case strings.Contains(msg, "client connection lost"), strings.Contains(msg, "connection lost"):
+		return upstreamLost
+	}
+	return upstreamTransport
+}
+
+// upstreamFailed counts a failure and tells passive health.
+func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err error, began time.Time) {
+	g.m.upstreamErrors.WithLabelValues(c.Site, string(kind)).Inc()
+	g.log.Debug("upstream failure", "site", c.Site, "provider", c.Provider, "reason", kind, "err", err)
+	if kind.nothingSent() {
+		g.health.failed(c)
+		return
+	}
+	g.health.answered(c, http.StatusBadGateway, began)
+}
+
+// watchedBody reports the first error reading an upstream's answer, other
+// than its end or the client's leaving.
+type watchedBody struct {
+	io.ReadCloser
+	ctx       context.Context
+	failed    func(error)
+	firstByte func()
+	once      sync.Once
+	read      bool // a byte was read; the copying goroutine only
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && !b.read {
+		b.read = true
+		b.firstByte()
+	}
+	if err != nil && err != io.EOF && b.ctx.Err() == nil {
+		b.once.Do(func() { b.failed(err) })
+	}
+	return n, err
+}
+
+// trackingWriter notes whether anything reached the client; the handler's
+// goroutine only.
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+// release lets the server's response writer go once the answer is detached:
+// the upstream request's context keeps ReverseProxy's 1xx trace, which holds
+// this writer for the whole stream, and through it the hijacked server
+// connection's state and buffers. Nothing writes through t after.
+func (t *trackingWriter) release() { t.ResponseWriter = nil }
+
+func (t *trackingWriter) WriteHeader(code int) { t.wrote = true; t.ResponseWriter.WriteHeader(code) }
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(b)
+}
+func (t *trackingWriter) Flush() {
+	if f, ok := t.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// copyBuffer gives the proxy its copy buffer for one answer: a stream's
+// small, because an SSE stream holds it, mostly idle, for as long as the
+// model generates, and its events are a few hundred bytes; any other
+// answer's large, to copy a big body in few reads. The proxy asks for the
+// buffer after ModifyResponse has seen the answer's Content-Type (and set
+// ans.stream). A stream that is not detached (detach.go) copies through
+// it.
+type copyBuffer struct {
+	ans *answer
+}
+
+// Buffer sizes; both pooled.
+const (
+	streamBufferSize = 2 << 10
+	bulkBufferSize   = 32 << 10
+)
+
+var (
+	streamBuffers = sync.Pool{New: func() any { b := make([]byte, streamBufferSize); return &b }}
+	bulkBuffers   = sync.Pool{New: func() any { b := make([]byte, bulkBufferSize); return &b }}
+)
+
+func (c *copyBuffer) Get() []byte {
+	if c.ans.stream {
+		return *streamBuffers.Get().(*[]byte)
+	}
+	return *bulkBuffers.Get().(*[]byte)
+}
+
+func (c *copyBuffer) Put(b []byte) {
+	if len(b) == streamBufferSize {
+		streamBuffers.Put(&b)
+	} else {
+		bulkBuffers.Put(&b)
+	}
+}

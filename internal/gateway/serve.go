@@ -1,0 +1,404 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/grid-inference/grid/internal/identity"
+	"github.com/grid-inference/grid/internal/route"
+	"github.com/grid-inference/grid/internal/signals"
+)
+
+// Serving a request: the handlers of the client and hop listeners, reading
+// a request, and routing it; forward.go delivers it.
+
+// maxBody bounds a request body; the model is read from it.
+const maxBody = 10 << 20
+
+// Headers.
+const (
+	headerModel   = "X-Model"
+	headerSite    = "X-Grid-Site"
+	headerBackend = "X-Grid-Backend"
+	// headerNotDelivered, on a peer gateway's 502, says that none of its
+	// providers could be reached before any byte was sent: the entry
+	// gateway may send the request elsewhere (docs/gateway.md).
+	headerNotDelivered = "X-Grid-Not-Delivered"
+)
+
+// stripInternal removes from a request every header of the namespaces Grid
+// and routing layers use among themselves, X-Grid-* and X-Ai-Routing-*: a
+// client must not be able to steer routing or forge provenance with them.
+// Keys are canonical here (the server canonicalised them).
+func stripInternal(h http.Header) {
+	for k := range h {
+		if strings.HasPrefix(k, "X-Grid-") || strings.HasPrefix(k, "X-Ai-Routing-") {
+			delete(h, k)
+		}
+	}
+}
+
+// ClientHandler serves the OpenAI API to clients: every site's candidates
+// are routed among.
+func (g *Gateway) ClientHandler() http.Handler { return g.apiMux() }
+
+// HopHandler serves requests forwarded by peer gateways, on the mTLS hop
+// listener: the caller must verify as one of this site's peers, and the
+// request is routed among this site's providers only.
+func (g *Gateway) HopHandler() http.Handler { return &hopHandler{g: g, api: g.apiMux()} }
+
+// hopHandler admits a peer gateway's request and serves it with the peer in
+// its context (hopPeerKey): that is what makes it a hop request for the API
+// handlers (fromPeer).
+type hopHandler struct {
+	g   *Gateway
+	api http.Handler
+}
+
+func (h *hopHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := h.g.id.Classify(r.TLS)
+	peer, ok := h.g.peer(c.Site)
+	if c.Class != identity.Peer || !ok {
+		// A grid certificate is not enough: only this site's peers
+		// (configured, or admitted by gossip) may send it requests.
+		h.g.m.hopRefused.WithLabelValues(hopNotAPeer).Inc()
+		w.Header().Set("Connection", "close")
+		errHopForbidden.write(w, 0)
+		return
+	}
+	h.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &peer)))
+}
+
+// apiMux routes the OpenAI API's paths; a request's origin (a client, or a
+// peer over the hop) is in its context.
+func (g *Gateway) apiMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", g.serveAPI)
+	mux.HandleFunc("POST /v1/completions", g.serveAPI)
+	mux.HandleFunc("POST /v1/embeddings", g.serveAPI)
+	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", g.serveModel)
+	// Anything else under /v1/ gets an OpenAI error, as the SDKs expect: a
+	// known path with another method 405 (with Allow), an unknown one 404.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		if m, ok := apiMethods[r.URL.Path]; ok || strings.HasPrefix(r.URL.Path, "/v1/models/") {
+			if !ok {
+				m = "GET"
+			}
+			w.Header().Set("Allow", m)
+			errMethodNotAllowed.write(w, 0)
+			return
+		}
+		errUnknownURL.write(w, 0)
+	})
+	return mux
+}
+
+// apiMethods is the method each OpenAI path the gateway serves answers.
+var apiMethods = map[string]string{"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/embeddings": "POST", "/v1/models": "GET"}
+
+// Reasons of grid_gateway_hop_refused_total.
+const (
+	hopNotAPeer       = "not_a_peer"
+	hopModelNotShared = "model_not_shared"
+)
+
+// hopPeerKey carries the verified peer of a hop request in its context.
+type hopPeerKey struct{}
+
+// peer returns one of this site's peers, as the operator's serving
+// document lists them.
+func (g *Gateway) peer(site string) (signals.ServingPeer, bool) {
+	if s := g.serving.Load(); s != nil {
+		for _, p := range s.Peers {
+			if p.Site == site {
+				return p, true
+			}
+		}
+	}
+	return signals.ServingPeer{}, false
+}
+
+// fromPeer returns the verified peer a hop request came from, or nil for a
+// client's request.
+func fromPeer(ctx context.Context) *signals.ServingPeer {
+	p, _ := ctx.Value(hopPeerKey{}).(*signals.ServingPeer)
+	return p
+}
+
+// view is the snapshot a request from peer routes on: a client's, every
+// site's candidates; a peer's, this site's own (the hop view), since a
+// forwarded request is never forwarded again.
+func (g *Gateway) view(peer *signals.ServingPeer) *route.Snapshot {
+	if peer != nil {
+		return g.local.Load()
+	}
+	return g.builder.Current()
+}
+
+// serveModel answers GET /v1/models/{id} (the SDKs' models.retrieve) from
+// the snapshot: the model if some site serves it, else 404 model_not_found.
+func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request) {
+	g.touch()
+	if refusal := g.awaitFresh(r.Context()); refusal != nil {
+		refusal.write(w, g.turn.Add(1))
+		return
+	}
+	id := r.PathValue("id")
+	if !slices.Contains(g.view(fromPeer(r.Context())).Models(), id) {
+		errModelNotFound.write(w, 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "grid"})
+}
+
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+	g.touch()
+	if refusal := g.awaitFresh(r.Context()); refusal != nil {
+		refusal.write(w, g.turn.Add(1))
+		return
+	}
+	var data []map[string]any
+	for _, m := range g.view(fromPeer(r.Context())).Models() {
+		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "grid"})
+	}
+	if data == nil {
+		data = []map[string]any{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// exchange is one API request being served: what it asked, where it came
+// from, and what routing made of it. The handler's goroutine only; a
+// detached stream (detach.go) takes over what it needs when the handler
+// returns.
+type exchange struct {
+	g *Gateway
+	w http.ResponseWriter
+	r *http.Request
+	// peer is the verified peer gateway a hop request came from; nil for
+	// a client's request.
+	peer  *signals.ServingPeer
+	start time.Time
+	turn  uint64
+	// out is what goes upstream; model the model it asks for.
+	out   outbound
+	model string
+	// boundProvider is, on a hop request, the provider of this site the
+	// entry gateway's session is bound to (headerBoundProvider).
+	boundProvider string
+	snap          *route.Snapshot
+}
+
+// serveAPI answers one OpenAI API request: read the body, find the model,
+// pick a site from the snapshot, deliver it (with one retry elsewhere when
+// nothing reached the upstream). Every outcome is counted by its label in
+// grid_gateway_request_duration_seconds.
+func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{g: g, w: w, r: r, peer: fromPeer(r.Context()), start: g.clk.Now()}
+	g.touch()
+	outcome := "routed"
+	observe := func(outcome string) {
+		g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(x.start).Seconds())
+	}
+	// stream: the answer goes on after this handler returns (detach.go),
+	// and is counted when it ends.
+	var stream *detachedStream
+	defer func() {
+		if stream == nil {
+			observe(outcome)
+		}
+	}()
+
+	body, reserved, refusal := g.readBody(w, r)
+	defer g.bodies.release(reserved)
+	if refusal != nil {
+		outcome = "bad_request"
+		if refusal == &errBodyBudget {
+			outcome = "body_budget"
+			g.m.bodyBudgetRefused.Inc()
+		}
+		refusal.write(w, g.turn.Add(1))
+		return
+	}
+	head, err := parseRequest(body)
+	var bad *apiError
+	switch err {
+	case errInvalidJSON:
+		bad = &apiInvalidJSON
+	case errAmbiguousModel:
+		bad = &apiAmbiguousModel
+	}
+	if bad != nil {
+		outcome = "bad_request"
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		bad.write(w, 0)
+		return
+	}
+	x.out = outbound{body: body, stream: head.stream}
+	if x.model = r.Header.Get(headerModel); x.model == "" {
+		x.model = head.model
+	}
+	if x.model == "" {
+		outcome = "bad_request"
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		errModelRequired.write(w, 0)
+		return
+	}
+	if x.peer != nil && !x.peer.MayUse(x.model) {
+		// This site does not share the model with that peer (its
+		// peers[].models): it never saw the rows, and may not route here.
+		outcome = "bad_request"
+		g.m.hopRefused.WithLabelValues(hopModelNotShared).Inc()
+		errHopForbidden.write(w, 0)
+		return
+	}
+	if x.peer != nil {
+		x.boundProvider = r.Header.Get(headerBoundProvider)
+	}
+	stripInternal(r.Header)
+	x.turn = g.turn.Add(1)
+	if refusal := g.awaitFresh(r.Context()); refusal != nil {
+		outcome = "not_ready"
+		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		g.hist.refused(refusal.Status)
+		x.notDelivered()
+		refusal.write(w, x.turn)
+		return
+	}
+	x.snap = g.view(x.peer)
+	pick, sess := x.pick(head.prompt)
+	if pick.Candidate == nil {
+		if pick.Outcome != route.Shed {
+			x.notDelivered()
+		}
+		outcome = g.refusePick(w, pick.Outcome, x.turn)
+		return
+	}
+	outcome, served, detached := x.deliver(pick)
+	g.bind(sess, pick, served)
+	if stream = detached; stream != nil {
+		g.streams.start(stream, observe)
+	}
+}
+
+// notDelivered marks the answer to a hop request that reached none of this
+// site's providers, so the entry gateway sends it elsewhere: every provider
+// refused it, or this site has none ready for its model, its snapshot
+// lags the entry gateway's (a backend that just died is known here first),
+// or it has not read its operator. A shed (429) is not marked: the site is
+// up and full, and says so to the client.
+func (x *exchange) notDelivered() {
+	if x.peer != nil {
+		x.w.Header().Set(headerNotDelivered, "1")
+	}
+}
+
+// readBody reads the request body whole, bounded in size, in time (under a
+// deadline lifted once it is in: a client that trickles its body must not
+// hold a connection forever, and a stream that follows must not be cut by
+// it; deadlines are wall time, whatever clock the routing runs on), and by
+// the gateway-wide body budget. Every request may hold bodyAllowance bytes
+// without touching the budget, so the ordinary small request is never
+// refused for it; what a body holds beyond that is reserved from the budget
+// before it is read: all of it at once when the client declared its length
+// (so a client that declares 10 MiB and stalls is refused at once when the
+// budget has not 10 MiB left), else as the buffer grows. The buffer grows
+// as bytes arrive, whatever was declared. It returns the bytes reserved, to
+// release when the request is done (the body is kept for a retry).
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte, reserved int64, refusal *apiError) {
+	if r.ContentLength > maxBody {
+		return nil, 0, &errTooLarge
+	}
+	declared := r.ContentLength >= 0
+	limit := int64(maxBody + 1)
+	if declared {
+		limit = r.ContentLength + 1 // room to see the end
+		if need := limit - bodyAllowance; need > 0 {
+			if !g.bodies.reserve(need) {
+				w.Header().Set("Connection", "close")
+				return nil, 0, &errBodyBudget
+			}
+			reserved = need
+		}
+	}
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(g.cfg.Load().Limits.BodyReadTimeout.D()))
+	defer rc.SetReadDeadline(time.Time{})
+	in := http.MaxBytesReader(w, r.Body, maxBody)
+	buf := make([]byte, 0, min(limit, bodyChunk))
+	for {
+		if len(buf) == cap(buf) {
+			size := min(2*int64(cap(buf)), limit)
+			if size <= int64(cap(buf)) {
+				return nil, reserved, &errTooLarge
+			}
+			if need := size - max(int64(cap(buf)), bodyAllowance); !declared && need > 0 {
+				if !g.bodies.reserve(need) {
+					w.Header().Set("Connection", "close")
+					return nil, reserved, &errBodyBudget
+				}
+				reserved += need
+			}
+			next := make([]byte, len(buf), size)
+			copy(next, buf)
+			buf = next
+		}
+		n, err := in.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		var tooBig *http.MaxBytesError
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			return buf, reserved, nil
+		case errors.As(err, &tooBig):
+			return nil, reserved, &errTooLarge
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			w.Header().Set("Connection", "close")
+			return nil, reserved, &errBodyTimeout
+		}
+		return nil, reserved, &errBadBody
+	}
+}
+
+// A body's first buffer, and what every request may hold outside the body
+// budget: a chat request is a few KiB; the limits.clientConns cap bounds
+// what the allowances add up to.
+const (
+	bodyChunk     = 16 << 10
+	bodyAllowance = 64 << 10
+)
+
+// refusePick answers a pick that carries no candidate and counts it.
+func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64) string {
+	switch o {
+	case route.Shed:
+		g.m.decisions.WithLabelValues("", "", "shed").Inc()
+		g.hist.refused(http.StatusTooManyRequests)
+		errShed.write(w, turn)
+		return "shed"
+	case route.NotReady:
+		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
+		g.hist.refused(http.StatusServiceUnavailable)
+		errNoHealthySite.write(w, turn)
+		return "not_ready"
+	case route.UnknownModel:
+		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
+		errModelNotFound.write(w, turn)
+		return "model_not_found"
+	default:
+		g.m.decisions.WithLabelValues("", "", "no_route").Inc()
+		errNoRoute.write(w, turn)
+		return "no_route"
+	}
+}
