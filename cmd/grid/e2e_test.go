@@ -398,3 +398,52 @@ func curlSignals(t *testing.T, certs, addr string) {
 		}
 	}
 }
+
+// TestHungProviderLeavesOthersCadence: each provider is scraped on a loop of
+// its own, so a provider whose /metrics hangs to its timeout (1.5 s here)
+// leaves another's cadence (100 ms) as it was. Under one pass per interval,
+// every pass waited for the hung scrape: about one good scrape per 1.5 s.
+func TestHungProviderLeavesOthersCadence(t *testing.T) {
+	good, hung := freePort(t), freePort(t)
+	start(t, "sim", "--kind", "epp", "--listen", good)
+	start(t, "sim", "--kind", "epp", "--listen", hung)
+	eventually(t, "the sims answer", 10*time.Second, func() bool {
+		return strings.Contains(httpGet("http://"+hung+"/metrics"), "llm_d_epp")
+	})
+	resp, err := http.Post("http://"+hung+"/sim/control", "application/json", strings.NewReader(`{"metricsHang": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	dir := t.TempDir()
+	metricsAddr := freePort(t)
+	cfgFile := filepath.Join(dir, "site.yaml")
+	os.WriteFile(cfgFile, []byte(fmt.Sprintf("site: east\nstateDir: %s\nmetrics: {listen: %q}\nscrapeInterval: 100ms\nproviders:\n"+
+		"  - {name: good, model: m, kind: epp, upstream: 'http://%[3]s', metrics: {endpoint: 'http://%[3]s'}}\n"+
+		"  - {name: hung, model: m, kind: epp, upstream: 'http://%[4]s', metrics: {endpoint: 'http://%[4]s', timeout: 1500ms}}\n",
+		filepath.Join(dir, "state"), metricsAddr, good, hung)), 0o600)
+	start(t, "operator", "--config", cfgFile)
+	scrapes := func(provider, result string) float64 {
+		for _, line := range strings.Split(httpGet("http://"+metricsAddr+"/metrics"), "\n") {
+			if strings.HasPrefix(line, "grid_provider_scrape_total{") && strings.Contains(line, `grid_provider="`+provider+`"`) && strings.Contains(line, `result="`+result+`"`) {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				return v
+			}
+		}
+		return 0
+	}
+	eventually(t, "the hung provider's first timeout", 15*time.Second, func() bool { return scrapes("hung", "timeout") >= 1 })
+	from, before := time.Now(), scrapes("good", "success")
+	eventually(t, "three seconds of the good provider's scrapes", 10*time.Second, func() bool { return time.Since(from) >= 3*time.Second })
+	window, n := time.Since(from), scrapes("good", "success")-before
+	// 100 ms apart: 30 in 3 s. A quarter of that allows for a loaded
+	// machine; one pass per interval gave 2.
+	if want := window.Seconds() / 0.4; n < want {
+		t.Errorf("the good provider was scraped %v times in %v beside a hung one, want at least %.0f", n, window.Round(time.Millisecond), want)
+	}
+	if timeouts := scrapes("hung", "timeout"); timeouts < 2 {
+		t.Errorf("the hung provider timed out %v times, want it scraped on its own cadence too", timeouts)
+	}
+	t.Logf("good: %v scrapes in %v; hung: %v timeouts", n, window.Round(time.Millisecond), scrapes("hung", "timeout"))
+}

@@ -24,7 +24,8 @@ type Operator struct {
 	Signals Listener `yaml:"signals"`
 	// Metrics is the plain listener for /metrics, /healthz and /readyz.
 	Metrics Listener `yaml:"metrics"`
-	// ScrapeInterval is how often every provider is scraped.
+	// ScrapeInterval is how often a provider is scraped, unless its
+	// metrics.interval says otherwise.
 	ScrapeInterval Duration `yaml:"scrapeInterval"`
 	// ScrapeConcurrency bounds how many providers are scraped at once.
 	ScrapeConcurrency int `yaml:"scrapeConcurrency"`
@@ -194,6 +195,9 @@ type Metrics struct {
 	PoolName string `yaml:"poolName"`
 	// Timeout bounds one scrape.
 	Timeout Duration `yaml:"timeout"`
+	// Interval is how often this provider is scraped; zero means the
+	// operator's scrapeInterval.
+	Interval Duration `yaml:"interval"`
 	// BearerTokenFile holds a token sent as Authorization: Bearer.
 	BearerTokenFile string `yaml:"bearerTokenFile"`
 	// TLS configures HTTPS scraping.
@@ -266,6 +270,15 @@ func (c *Operator) applyDefaults() {
 		setString(&p.Metrics.Path, DefaultMetricsPath)
 		setDuration(&p.Metrics.Timeout, DefaultScrapeTimeout)
 	}
+}
+
+// ScrapeIntervalOf is how often p is scraped: its own metrics.interval,
+// else scrapeInterval.
+func (c *Operator) ScrapeIntervalOf(p *Provider) time.Duration {
+	if p.Metrics.Interval > 0 {
+		return p.Metrics.Interval.D()
+	}
+	return c.ScrapeInterval.D()
 }
 
 // StaleAfter is the provider's readiness stale window: its own setting, else

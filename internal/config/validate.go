@@ -203,6 +203,9 @@ func (c *Operator) validate(doc *document) error {
 			p.addf(path+".metrics.path", "%q must be a plain path", pr.Metrics.Path)
 		}
 		p.positive(path+".metrics.timeout", pr.Metrics.Timeout)
+		if pr.Metrics.Interval < 0 {
+			p.addf(path+".metrics.interval", "must not be negative")
+		}
 		if pr.Metrics.StaleAfter < 0 {
 			p.addf(path+".metrics.staleAfter", "must not be negative")
 		}

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -48,5 +49,157 @@ func forEachBounded[T any](ctx context.Context, limit int, items []T, fn func(T)
 			defer func() { <-sem }()
 			fn(it)
 		}()
+	}
+}
+
+// scrapeLoops runs one scrape loop per provider (scrapeLoop), as
+// Prometheus's scrape pool runs one per target: a provider that hangs to
+// its timeout delays only its own next scrape. Loops are started and
+// stopped as reloads add and remove providers (sync). All loops share one
+// bound on scrapes in flight, scrapeConcurrency.
+type scrapeLoops struct {
+	o *Operator
+	// mu guards ctx, running and sem; Run and Reload's goroutines.
+	mu sync.Mutex
+	// ctx is Run's, nil before Run and after it returned.
+	ctx     context.Context
+	running map[*provider]context.CancelFunc
+	wg      sync.WaitGroup
+	// sem bounds the scrapes in flight. A reload that changes
+	// scrapeConcurrency replaces it; a scrape returns its token to the
+	// one it took it from.
+	sem      chan struct{}
+	semLimit int
+}
+
+func newScrapeLoops(o *Operator) *scrapeLoops {
+	return &scrapeLoops{o: o, running: map[*provider]context.CancelFunc{}}
+}
+
+// run starts a loop for every provider and keeps them until ctx ends, then
+// waits for every loop to return.
+func (l *scrapeLoops) run(ctx context.Context) {
+	l.mu.Lock()
+	l.ctx = ctx
+	l.mu.Unlock()
+	l.sync()
+	<-ctx.Done()
+	l.mu.Lock()
+	l.ctx = nil
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// sync starts a loop for each provider that has none and stops the loops
+// of providers gone; nothing before run.
+func (l *scrapeLoops) sync() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx == nil {
+		return
+	}
+	if n := l.o.cfg.Load().ScrapeConcurrency; l.sem == nil || n != l.semLimit {
+		l.sem, l.semLimit = make(chan struct{}, max(n, 1)), n
+	}
+	live := map[*provider]bool{}
+	l.o.providers.Range(func(_, v any) bool {
+		p := v.(*provider)
+		live[p] = true
+		if _, ok := l.running[p]; !ok {
+			ctx, cancel := context.WithCancel(l.ctx)
+			l.running[p] = cancel
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				l.o.scrapeLoop(ctx, p, l.acquire)
+			}()
+		}
+		return true
+	})
+	for p, cancel := range l.running {
+		if !live[p] {
+			cancel()
+			delete(l.running, p)
+		}
+	}
+}
+
+// acquire takes a place among the scrapes in flight, waiting while all are
+// taken; release gives it back. ok is false when ctx ended first.
+func (l *scrapeLoops) acquire(ctx context.Context) (release func(), ok bool) {
+	l.mu.Lock()
+	sem := l.sem
+	l.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+// scrapeOffset is where in its interval a provider's scrapes fall: fixed
+// by its name, so the providers' scrapes spread over the interval instead
+// of starting together, and a restarted operator keeps each provider's
+// phase (Prometheus offsets each target by a hash of it the same way).
+func scrapeOffset(name string, interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return time.Duration(h.Sum64() % uint64(interval))
+}
+
+// scrapeLoop scrapes p at its own interval (config.Operator.ScrapeIntervalOf)
+// from its offset, until ctx ends or a reload removes p. Each scrape waits
+// for a place among the scrapes in flight (acquire), and the time from its
+// tick to its end is p's cycle, which the next scrape's readiness floor
+// reads. A scrape that runs past the interval delays only p's next one;
+// ticks never burst.
+func (o *Operator) scrapeLoop(ctx context.Context, p *provider, acquire func(context.Context) (func(), bool)) {
+	cfg := o.cfg.Load()
+	interval := cfg.ScrapeIntervalOf(&p.cfg)
+	if !o.wait(ctx, scrapeOffset(p.cfg.Name, interval)) {
+		return
+	}
+	t := o.clk.NewTicker(interval)
+	defer t.Stop()
+	for {
+		tick := o.clk.Now()
+		release, ok := acquire(ctx)
+		if !ok {
+			return
+		}
+		removed := o.scrape(ctx, p)
+		release()
+		p.cycle.Store(int64(o.clk.Now().Sub(tick)))
+		if removed {
+			return
+		}
+		if d := o.cfg.Load().ScrapeIntervalOf(p.currentConfig()); d != interval {
+			interval = d
+			t.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// wait sleeps d on the operator's clock; false when ctx ended first.
+func (o *Operator) wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := o.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
 	}
 }

@@ -62,15 +62,18 @@ type Operator struct {
 	// stateTrouble is why stateDir cannot be written, or "" (the scrape
 	// loop sets it; readiness reads it).
 	stateTrouble atomic.Pointer[string]
-	// stateWarned is when stateDir trouble was last logged (scrape loop).
+	// stateWarned is when stateDir trouble was last logged (the state
+	// loop's).
 	stateWarned time.Time
+	// stateChecks counts the state loop's rounds (checkState).
+	stateChecks atomic.Int64
 
 	cfg       atomic.Pointer[config.Operator]
 	sequence  atomic.Int64 // batch sequence within this epoch
-	passes    atomic.Int64 // completed scrape passes
-	lastPass  atomic.Int64 // duration of the latest pass, ns
 	providers sync.Map     // name -> *provider
-	reloadMu  sync.Mutex
+	// loops are the providers' scrape loops, while Run runs.
+	loops    *scrapeLoops
+	reloadMu sync.Mutex
 }
 
 // provider is one provider's scrape history.
@@ -89,6 +92,22 @@ type provider struct {
 	// removed: a reload dropped the provider; a scrape that was waiting
 	// for mu, or is started by a pass that listed it before, does nothing.
 	removed bool
+	// cycle is the time from the provider's latest scrape tick to that
+	// scrape's end (its wait for a place among the scrapes in flight
+	// included), ns: the readiness floor of its next scrape. Written by its
+	// scrape loop (or Pass), read under mu.
+	cycle atomic.Int64
+	// concluded is set by the first scrape's end; readiness reads it
+	// without waiting for a scrape that holds mu.
+	concluded atomic.Bool
+}
+
+// currentConfig is p's configuration now (a reload may change it).
+func (p *provider) currentConfig() *config.Provider {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.cfg
+	return &c
 }
 
 // New builds an operator from a validated configuration and its opened
@@ -111,6 +130,7 @@ func New(cfg *config.Operator, state *State, opts Options) (*Operator, error) {
 		dial:      opts.Dial,
 	}
 	o.waits = newWaits()
+	o.loops = newScrapeLoops(o)
 	o.site.changed, o.peerStore.changed = o.waits.siteChanged, o.waits.peersChanged
 	o.memo = backend.NewProbeMemo(opts.Clock, func(url string) { o.countReprobe(url, reprobeExpired) })
 	o.m = newMetrics(o)
@@ -144,45 +164,55 @@ func (o *Operator) SiteStore() *Store { return o.site }
 // Epoch is the publisher epoch of this process.
 func (o *Operator) Epoch() int64 { return o.state.Epoch }
 
-// Run scrapes every provider each interval until ctx ends. A pass that runs
-// long delays the next one; ticks never burst.
+// Run scrapes every provider in a loop of its own (scrapeLoop: its own
+// interval, timeout and phase, at most scrapeConcurrency scrapes at once)
+// and keeps stateDir whole once per scrapeInterval, until ctx ends; it
+// returns once every loop has.
 func (o *Operator) Run(ctx context.Context) {
-	every(ctx, o.clk, func() time.Duration { return o.cfg.Load().ScrapeInterval.D() }, func() {
-		start := o.clk.Now()
-		o.checkState()
-		o.Pass(ctx)
-		o.lastPass.Store(int64(o.clk.Now().Sub(start)))
-		o.passes.Add(1)
-	})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		every(ctx, o.clk, func() time.Duration { return o.cfg.Load().ScrapeInterval.D() }, o.checkState)
+	}()
+	o.loops.run(ctx)
+	wg.Wait()
 }
 
-// Pass scrapes every provider once, at most scrapeConcurrency at a time, and
-// publishes each provider's batch as soon as its scrape ends, so one slow
-// provider delays no other's publication.
+// Pass scrapes every provider once now, at most scrapeConcurrency at a
+// time, each publishing as soon as its scrape ends; each scrape's cycle is
+// the time from the pass's start to its end. Tests drive the operator by
+// passes on a fake clock; Run does not use it.
 func (o *Operator) Pass(ctx context.Context) {
 	var all []*provider
 	o.providers.Range(func(_, v any) bool {
 		all = append(all, v.(*provider))
 		return true
 	})
-	forEachBounded(ctx, o.cfg.Load().ScrapeConcurrency, all, func(p *provider) { o.scrape(ctx, p) })
+	start := o.clk.Now()
+	forEachBounded(ctx, o.cfg.Load().ScrapeConcurrency, all, func(p *provider) {
+		o.scrape(ctx, p)
+		p.cycle.Store(int64(o.clk.Now().Sub(start)))
+	})
 }
 
-// scrape reads one provider and publishes what it concludes.
-func (o *Operator) scrape(ctx context.Context, p *provider) {
+// scrape reads one provider and publishes what it concludes. It reports
+// whether a reload removed the provider, so its loop ends.
+func (o *Operator) scrape(ctx context.Context, p *provider) (removed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.removed {
-		return
+		return true
 	}
 	// Before its first verdict a provider counts as ready: a 404 from an
 	// engine that answers at all is remembered from the first scrape.
 	ready := !p.scraped || !p.verdict.Excludes()
 	reading, err := backend.Scrape(ctx, p.target, o.memo, ready, o.log)
 	if ctx.Err() != nil {
-		return // shutting down: a cancelled scrape says nothing about the provider
+		return false // shutting down: a cancelled scrape says nothing about the provider
 	}
 	o.conclude(p, o.clk.Now(), reading, err)
+	return false
 }
 
 // conclude folds one scrape into the provider's readiness, latency and load,
@@ -191,6 +221,7 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 	cfg := o.cfg.Load()
 	name := p.cfg.Name
 	p.scraped = true
+	defer p.concluded.Store(true)
 	var pub latency.Published
 	if err == nil && p.failing && o.memo.Absent(p.target.LoadsURL) {
 		// A failed scrape, then a good one: the engine behind the URL may
@@ -230,7 +261,7 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 			o.m.lastSuccess.WithLabelValues(name).Set(float64(now.UnixMilli()) / 1000)
 		}
 	}
-	staleAfter := readiness.StaleAfter(cfg.StaleAfter(&p.cfg), cfg.ScrapeInterval.D(), time.Duration(o.lastPass.Load()))
+	staleAfter := readiness.StaleAfter(cfg.StaleAfter(&p.cfg), cfg.ScrapeIntervalOf(&p.cfg), time.Duration(p.cycle.Load()))
 	verdict := p.probe.Verdict(now, staleAfter, p.cfg.Unavailable)
 	if verdict.Reason != p.verdict.Reason {
 		o.log.Info("provider readiness changed", "provider", name, "reason", verdict.Reason, "status", verdict.Status, "message", verdict.Message)
@@ -414,6 +445,7 @@ func (o *Operator) Reload(next *config.Operator) error {
 	}
 	o.memo.Clear()
 	o.cfg.Store(next)
+	o.loops.sync()
 	o.configurePollSet()
 	o.waits.wakeAll() // what callers may read may have changed
 	return nil
@@ -475,17 +507,27 @@ func (o *Operator) Close() {
 	}
 }
 
-// Ready reports whether the operator publishes: it has finished a scrape
-// pass, its stateDir is writable, and its publisher epoch is admissible. If
-// not, it says why.
+// Ready reports whether the operator publishes: its stateDir has been
+// checked and is writable, its publisher epoch is admissible, and every
+// provider has been scraped once. If not, it says why.
 func (o *Operator) Ready() (bool, string) {
 	switch {
 	case o.state.Halted != "":
 		return false, o.state.Halted
 	case o.stateTrouble.Load() != nil && *o.stateTrouble.Load() != "":
 		return false, *o.stateTrouble.Load()
-	case o.passes.Load() == 0:
-		return false, "no scrape pass has completed yet"
+	case o.stateChecks.Load() == 0:
+		return false, "the operator has not started yet"
+	}
+	var waiting string
+	o.providers.Range(func(k, v any) bool {
+		if !v.(*provider).concluded.Load() {
+			waiting = k.(string)
+		}
+		return waiting == ""
+	})
+	if waiting != "" {
+		return false, fmt.Sprintf("provider %q has not been scraped yet", waiting)
 	}
 	return true, "ok"
 }
@@ -493,11 +535,12 @@ func (o *Operator) Ready() (bool, string) {
 // stateWarnEvery spaces the repeated ERRORs of a stateDir in trouble.
 const stateWarnEvery = time.Minute
 
-// checkState keeps stateDir whole once per scrape pass: a deleted stateDir
-// is recreated with its lock and the epoch high-water mark (a WARN); one
-// that cannot be written fails readiness with the reason (an ERROR, then
-// every minute), as does a halted epoch. Scrape loop only.
+// checkState keeps stateDir whole once per scrapeInterval: a deleted
+// stateDir is recreated with its lock and the epoch high-water mark (a
+// WARN); one that cannot be written fails readiness with the reason (an
+// ERROR, then every minute), as does a halted epoch. The state loop only.
 func (o *Operator) checkState() {
+	defer o.stateChecks.Add(1)
 	now := o.clk.Now()
 	loud := now.Sub(o.stateWarned) >= stateWarnEvery
 	if o.state.Halted != "" {
