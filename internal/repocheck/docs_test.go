@@ -135,3 +135,57 @@ func TestDocsCiteWhatExists(t *testing.T) {
 		}
 	}
 }
+
+// ordinalDate is a finding dated by an ordinal of the team's own work
+// periods ("the ninth session", "sessions 9–10"): a reader of the product
+// has no such calendar, so findings are dated by commit.
+var ordinalDate = regexp.MustCompile(`(?i)\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|\d+(?:st|nd|rd|th))\s+(?:session|work period|sitting)s?\b|\bsessions?\s+\d+\s*(?:[–-]\s*\d+|,)|\bsession\s+\d+\b(?:[^.\d]|$)`)
+
+// TestDocsDateByCommit: no document dates a finding by an ordinal of work
+// periods; BENCHMARKS.md and every page under docs/ are read.
+func TestDocsDateByCommit(t *testing.T) {
+	root := filepath.Join("..", "..")
+	files := append(repoFiles(t, filepath.Join(root, "docs"), ".md"), filepath.Join(root, "BENCHMARKS.md"), filepath.Join(root, "README.md"))
+	if len(files) < 5 {
+		t.Fatalf("read %d documents: the test's view of the tree is wrong", len(files))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if m := ordinalDate.FindString(line); m != "" {
+				rel, _ := filepath.Rel(root, f)
+				t.Errorf("%s:%d dates a finding by %q: date it by commit", rel, i+1, m)
+			}
+		}
+	}
+}
+
+// TestOrdinalDateCanFail: the pattern catches the forms seen, and passes
+// figures that only look alike.
+func TestOrdinalDateCanFail(t *testing.T) {
+	for _, bad := range []string{"re-measured in the ninth session", "(Tenth session; the gateway", "sessions 9–10", "until the 11th session", "in session 10 the"} {
+		if !ordinalDate.MatchString(bad) {
+			t.Errorf("%q not caught", bad)
+		}
+	}
+	for _, good := range []string{"none 20.2 / 148 ms, session 10.8 / 116", "a tenth of the throughput", "a session's first turn", "the first tenth is dropped"} {
+		if ordinalDate.MatchString(good) {
+			t.Errorf("%q caught", good)
+		}
+	}
+}
+
+// TestRoutingPageIsTheModel: docs/routing.md is the model on a few pages;
+// what was tried belongs to the design record.
+func TestRoutingPageIsTheModel(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "routing.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n >= 300 {
+		t.Errorf("docs/routing.md is %d lines: keep the model under 300, and move what was tried to docs/design/routing-experiments.md", n)
+	}
+}

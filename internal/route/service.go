@@ -114,10 +114,17 @@ type ServiceTime struct {
 	streamed                   bool
 }
 
+// The estimate is the least of the means of serviceWindows windows of
+// serviceWindow samples (docs/routing.md, constants).
 const (
 	serviceWindow  = 100
 	serviceWindows = 8
 )
+
+// paceStdErrors is how many standard errors of a site's mean pace it must
+// stand from all requests' before the site is read in a unit of its own
+// (SitePace).
+const paceStdErrors = 4
 
 // Observe records a whole answer's duration; one sent without room teaches
 // nothing.
@@ -222,7 +229,7 @@ func SitePace(all, site *ServiceTime) (ms float64, ok bool) {
 		return 0, false
 	}
 	ref, _, nAll := all.paceStats()
-	if nAll == 0 || math.Abs(m-ref) <= 4*se {
+	if nAll == 0 || math.Abs(m-ref) <= paceStdErrors*se {
 		return 0, false
 	}
 	return all.MeanMs() * m / ref, true
