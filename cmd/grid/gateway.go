@@ -29,6 +29,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
+	warnDeprecated(e.log, cfg.Deprecated)
 	if *check {
 		expiry := "; certificates not checked"
 		if *checkIdentity {
@@ -85,6 +86,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 			if err != nil {
 				return err
 			}
+			warnDeprecated(log, next.Deprecated)
 			return gw.Reload(next)
 		}, gw.CountReload, e)
 		return nil

@@ -129,3 +129,18 @@ func TestExamplesCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestDeprecatedKeyWarns: a key in its old spelling still loads, and the
+// command says at WARN where it is and what it is called now.
+func TestDeprecatedKeyWarns(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "gw.yaml")
+	os.WriteFile(f, []byte("site: east\ntls: {ca: a.pem, cert: b.pem, key: c.pem}\noperator: {signals: 'https://127.0.0.1:1'}\navailability: {ceiling_model: single}\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"gateway", "--config", f, "--check-config", "--check-identity=false"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	logged := errOut.String()
+	if !strings.Contains(logged, "WARN") || !strings.Contains(logged, `gw.yaml:4: \"availability.ceiling_model\" is deprecated; it is now \"availability.ceilingModel\"`) {
+		t.Errorf("stderr %q: want a WARN naming the line and the new key", logged)
+	}
+}

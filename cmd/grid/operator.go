@@ -41,6 +41,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	if err != nil {
 		return err
 	}
+	warnDeprecated(e.log, cfg.Deprecated)
 	if *check {
 		expiry := "; certificates not checked"
 		if *checkIdentity {
@@ -62,6 +63,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 			if err != nil {
 				return err
 			}
+			warnDeprecated(e.log, next.Deprecated)
 			return op.Reload(next)
 		}, op.CountReload, e)
 	})
@@ -194,4 +196,13 @@ func loadIdentityNote(files *config.TLS, trustDomain, site string) (string, erro
 		return "", err
 	}
 	return fmt.Sprintf("; certificate valid until %s", id.Expiry().UTC().Format(time.RFC3339)), nil
+}
+
+// warnDeprecated says, at WARN, each key a configuration wrote in an old
+// spelling (config.Gateway.Deprecated): it was read, and the next release
+// may not read it.
+func warnDeprecated(log *slog.Logger, deprecated []string) {
+	for _, d := range deprecated {
+		log.Warn("deprecated configuration key: " + d)
+	}
 }

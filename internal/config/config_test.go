@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -259,5 +260,51 @@ func TestRelativePathsFollowTheFile(t *testing.T) {
 	}
 	if g.TLS.Key != filepath.Join(dir, "certs/east.key") {
 		t.Errorf("gateway key %s", g.TLS.Key)
+	}
+}
+
+// referenceKnobs are the availability knobs the product description and the
+// reference name in snake_case: kept as written (docs/configuration.md).
+var referenceKnobs = map[string]bool{
+	"availability.ceiling_half_life_ms": true, "availability.ceiling_floor": true, "availability.explore_floor": true,
+	"availability.full_after_ms": true, "availability.room_after_ms": true, "availability.queue_full": true,
+}
+
+// TestKeyNamesFollowTheRule: every key of both schemas is lowerCamelCase but
+// the reference's availability knobs.
+func TestKeyNamesFollowTheRule(t *testing.T) {
+	camel := regexp.MustCompile(`^[a-z][a-zA-Z0-9]*$`)
+	for _, v := range []any{Operator{}, Gateway{}} {
+		for _, path := range KeyPaths(v) {
+			key := path[strings.LastIndexByte(path, '.')+1:]
+			key = strings.TrimSuffix(key, "[]")
+			if !camel.MatchString(key) && !referenceKnobs[path] {
+				t.Errorf("key %s is not lowerCamelCase (docs/configuration.md, key names)", path)
+			}
+		}
+	}
+}
+
+// TestRenamedKeyIsReadWithAWarning: a key in its old spelling is read as the
+// new one, and the configuration says where and what it is called now; the
+// two spellings together are a duplicate.
+func TestRenamedKeyIsReadWithAWarning(t *testing.T) {
+	base := "site: east\ntls: {ca: a, cert: b, key: c}\noperator: {signals: 'https://o:1'}\n"
+	c, err := ParseGateway("gw.yaml", []byte(base+"availability:\n  ceiling_model: single\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Availability.CeilingModel != CeilingSingle {
+		t.Errorf("ceiling_model: single read as %q", c.Availability.CeilingModel)
+	}
+	want := `gw.yaml:5: "availability.ceiling_model" is deprecated; it is now "availability.ceilingModel"`
+	if len(c.Deprecated) != 1 || c.Deprecated[0] != want {
+		t.Errorf("deprecations %q, want [%s]", c.Deprecated, want)
+	}
+	if c, err := ParseGateway("gw.yaml", []byte(base+"availability: {ceilingModel: single}\n")); err != nil || len(c.Deprecated) != 0 || c.Availability.CeilingModel != CeilingSingle {
+		t.Errorf("the new spelling: %v, deprecations %q", err, c.Deprecated)
+	}
+	if _, err := ParseGateway("gw.yaml", []byte(base+"availability: {ceilingModel: single, ceiling_model: bounds}\n")); err == nil || !strings.Contains(err.Error(), "duplicate key") {
+		t.Errorf("both spellings: %v, want a duplicate key", err)
 	}
 }

@@ -48,6 +48,9 @@ func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 type document struct {
 	file  string
 	lines map[string]int // field path ("providers[0].metrics.timeout") -> line
+	// deprecated says, for each key written in an old spelling the decoder
+	// accepted, where it is and what it is now called.
+	deprecated []string
 }
 
 func (doc *document) at(path string) string {
@@ -89,7 +92,7 @@ func decodeBytes(file string, data []byte, out any) (*document, error) {
 		return doc, nil
 	}
 	var errs []error
-	checkKeys(file, body, reflect.TypeOf(out).Elem(), "", doc.lines, &errs)
+	checkKeys(file, body, reflect.TypeOf(out).Elem(), "", doc, &errs)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -123,8 +126,11 @@ func locate(file string, err error) error {
 }
 
 // checkKeys walks the YAML tree beside the Go type it decodes into and reports
-// every key the type does not have, with the file, line and field path.
-func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, lines map[string]int, errs *[]error) {
+// every key the type does not have, with the file, line and field path. A
+// key in a renamed field's old spelling (its `was` tag) is rewritten to the
+// new one in the tree, so it decodes, and recorded in doc.deprecated.
+func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, doc *document, errs *[]error) {
+	lines := doc.lines
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -137,9 +143,14 @@ func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, lines map
 			return // the decoder reports the type mismatch with its line
 		}
 		fields := yamlFields(t)
+		renamed := renamedFields(t)
 		seen := map[string]bool{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
+			if now, ok := renamed[k.Value]; ok {
+				doc.deprecated = append(doc.deprecated, fmt.Sprintf("%s:%d: %q is deprecated; it is now %q", file, k.Line, joinPath(path, k.Value), joinPath(path, now)))
+				k.Value = now
+			}
 			p := joinPath(path, k.Value)
 			if seen[k.Value] {
 				*errs = append(*errs, fmt.Errorf("%s:%d: duplicate key %q", file, k.Line, p))
@@ -152,7 +163,7 @@ func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, lines map
 				continue
 			}
 			lines[p] = k.Line
-			checkKeys(file, v, f.Type, p, lines, errs)
+			checkKeys(file, v, f.Type, p, doc, errs)
 		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
@@ -161,7 +172,7 @@ func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, lines map
 		for i, item := range n.Content {
 			p := fmt.Sprintf("%s[%d]", path, i)
 			lines[p] = item.Line
-			checkKeys(file, item, t.Elem(), p, lines, errs)
+			checkKeys(file, item, t.Elem(), p, doc, errs)
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
@@ -170,7 +181,7 @@ func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, lines map
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			p := joinPath(path, n.Content[i].Value)
 			lines[p] = n.Content[i].Line
-			checkKeys(file, n.Content[i+1], t.Elem(), p, lines, errs)
+			checkKeys(file, n.Content[i+1], t.Elem(), p, doc, errs)
 		}
 	}
 }
@@ -198,6 +209,18 @@ func yamlFields(t reflect.Type) map[string]reflect.StructField {
 			name = strings.ToLower(f.Name)
 		}
 		out[name] = f
+	}
+	return out
+}
+
+// renamedFields maps each old spelling of a renamed key of struct type t
+// (its field's `was` tag) to the key's name now.
+func renamedFields(t reflect.Type) map[string]string {
+	out := map[string]string{}
+	for name, f := range yamlFields(t) {
+		if was := f.Tag.Get("was"); was != "" {
+			out[was] = name
+		}
 	}
 	return out
 }

@@ -39,6 +39,10 @@ type Gateway struct {
 	// (docs/routing.md, affinity); off unless a header, a cookie or prefix
 	// affinity is set.
 	Affinity Affinity `yaml:"affinity"`
+	// Deprecated says, for each key the file wrote in an old spelling,
+	// where and what it is called now (`file:line: "old" is deprecated; it
+	// is now "new"`): the key was read, and the caller warns.
+	Deprecated []string `yaml:"-"`
 }
 
 // Affinity configures session and prefix affinity.
@@ -140,7 +144,7 @@ type Availability struct {
 	// CeilingModel is "bounds" (the seed's soft and hard capacity bounds
 	// with the KV-cache term) or "single" (the reference code's one decayed
 	// ceiling), kept so the two can be compared.
-	CeilingModel string `yaml:"ceiling_model"`
+	CeilingModel string `yaml:"ceilingModel" was:"ceiling_model"`
 	// Policy is "age-aware" (read each site's load through its age) or
 	// "reference" (the reference system's selection, exactly).
 	Policy string `yaml:"policy"`

@@ -37,6 +37,9 @@ func FinishOperator(source string, c *Operator) (*Operator, error) {
 // of the file it came from, which relative paths (defaults included) are
 // read against.
 func finishOperator(doc *document, c *Operator, dir string) (*Operator, error) {
+	if doc != nil {
+		c.Deprecated = doc.deprecated
+	}
 	c.applyDefaults()
 	if dir != "" {
 		c.resolvePaths(dir)
@@ -69,6 +72,9 @@ func ParseGateway(name string, data []byte) (*Gateway, error) {
 }
 
 func finishGateway(doc *document, c *Gateway) (*Gateway, error) {
+	if doc != nil {
+		c.Deprecated = doc.deprecated
+	}
 	c.applyDefaults()
 	if err := c.validate(doc); err != nil {
 		return nil, fmt.Errorf("invalid gateway config:\n%w", err)

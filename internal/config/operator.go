@@ -45,6 +45,10 @@ type Operator struct {
 	Membership *Membership `yaml:"membership"`
 	// Providers are this site's inference backends.
 	Providers []Provider `yaml:"providers"`
+	// Deprecated says, for each key the file wrote in an old spelling,
+	// where and what it is called now (`file:line: "old" is deprecated; it
+	// is now "new"`): the key was read, and the caller warns.
+	Deprecated []string `yaml:"-"`
 }
 
 // TLS names the PEM files of a site identity and the grid CA.

@@ -270,7 +270,7 @@ func (c *Gateway) validate(doc *document) error {
 		p.addf("availability.policy", "%q is not age-aware or reference", a.Policy)
 	}
 	if a.CeilingModel != CeilingBounds && a.CeilingModel != CeilingSingle {
-		p.addf("availability.ceiling_model", "%q is not bounds or single", a.CeilingModel)
+		p.addf("availability.ceilingModel", "%q is not bounds or single", a.CeilingModel)
 	}
 	af := c.Affinity
 	if af.Header != "" && !validToken(af.Header) {
