@@ -147,7 +147,7 @@ type siteGateway struct {
 }
 
 func newSiteGateway(sites int) *siteGateway {
-	g := &siteGateway{store: loadstore.New(time.Minute), builder: route.NewBuilder(nil)}
+	g := &siteGateway{store: loadstore.New(time.Minute), builder: route.NewBuilder(route.NewAgeAware(&route.Service{}, route.AgeAwareOptions{}))}
 	for i := range sites {
 		site := fmt.Sprintf("s%02d", i)
 		for p := range providersPerSite {

@@ -259,8 +259,11 @@ type Builder struct {
 }
 
 // NewBuilder returns a builder whose current snapshot is empty and whose
-// snapshots policy reads.
+// snapshots policy reads (nil: the reference policy).
 func NewBuilder(policy Policy) *Builder {
+	if policy == nil {
+		policy = Reference{}
+	}
 	b := &Builder{learned: map[loadstore.Key]*learned{}, prevShed: map[string]bool{}, policy: policy}
 	b.current.Store(NewSnapshot(nil, nil, 0))
 	return b
@@ -269,6 +272,9 @@ func NewBuilder(policy Policy) *Builder {
 // SetPolicy makes policy read the snapshots built from now on (a reload
 // that changes availability.policy); what the builder learned is kept.
 func (b *Builder) SetPolicy(policy Policy) {
+	if policy == nil {
+		policy = Reference{}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.policy = policy
