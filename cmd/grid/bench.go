@@ -9,20 +9,26 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/grid-inference/grid/internal/routeplot"
 	"github.com/grid-inference/grid/internal/routesim"
+	"github.com/grid-inference/grid/internal/sitebench"
 )
 
-func runBench(_ context.Context, args []string, e *env) error {
+func runBench(ctx context.Context, args []string, e *env) error {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
 		fmt.Fprint(e.stdout, "Usage: grid bench <subcommand> [flags]\n\nSubcommands:\n"+
-			"  routing  simulate routing policies under stale load readings and print their tables\n\n"+
-			"Run 'grid bench routing --help' for its flags.\n")
+			"  routing  simulate routing policies under stale load readings and print their tables\n"+
+			"  sites    run routers on real processes (grid sim, operator, gateways; nginx) under scenarios\n\n"+
+			"Run 'grid bench routing --help' or 'grid bench sites --help' for their flags.\n")
 		return nil
 	}
+	if len(args) > 0 && args[0] == "sites" {
+		return runBenchSites(ctx, args[1:], e)
+	}
 	if len(args) == 0 || args[0] != "routing" {
-		return fmt.Errorf("%w: want `grid bench routing`", errUsage)
+		return fmt.Errorf("%w: want `grid bench routing` or `grid bench sites`", errUsage)
 	}
 	fs := newFlagSet("bench routing", e)
 	sites := fs.String("sites", "8,16,32", "the sites' slots, comma-separated")
@@ -163,4 +169,82 @@ func list[T any](v, flag string, parse func(string) (T, error)) ([]T, error) {
 		out = append(out, x)
 	}
 	return out, nil
+}
+
+// runBenchSites is grid bench sites: the routers on real processes.
+func runBenchSites(ctx context.Context, args []string, e *env) error {
+	fs := newFlagSet("bench sites", e)
+	slots := fs.String("slots", "8,16,32", "each site's slots, comma-separated (one engine per 8 slots)")
+	replicas := fs.Int("replicas", 1, "gateway replicas (or nginx instances) per site, K")
+	load := fs.Float64("load", 0.85, "offered load: arrival rate over the grid's service rate")
+	arrivals := fs.String("arrivals", "poisson", "poisson, or bursty (on/off: a third of the time at 3× the mean rate)")
+	warmup := fs.Duration("warmup", 10*time.Second, "load before measuring starts (cold-start has none)")
+	duration := fs.Duration("duration", 30*time.Second, "what each cell measures: at the default 1 s scrape and poll, 20 reading refreshes and more")
+	routers := fs.String("routers", "grid,nginx-wrr", "routers, comma-separated: grid (the default policy), grid:reference, nginx-wrr (nginx weighted by slots), nginx-least-conn")
+	scenarios := fs.String("scenarios", "steady", "scenarios, comma-separated: "+joinScenarios())
+	runs := fs.Int("runs", 1, "runs per cell; above one, each figure carries its 95% interval")
+	seed := fs.Uint64("seed", 7, "the workload's seed (run n adds n)")
+	format := fs.String("format", "text", "text (a table per scenario) or tsv (a line per scenario, router and run)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg := sitebench.Config{Replicas: *replicas, Load: *load, Arrivals: sitebench.Arrivals(*arrivals), Warmup: *warmup, Duration: *duration,
+		Runs: *runs, Seed: *seed, Timing: sitebench.DefaultTiming, Log: e.stderr}
+	bad := func(flag string, err error) error {
+		return fmt.Errorf("%w: bench sites: --%s: %v", errUsage, flag, err)
+	}
+	for _, f := range strings.Split(*slots, ",") {
+		n, err := positiveInt(strings.TrimSpace(f))
+		if err != nil {
+			return bad("slots", err)
+		}
+		cfg.Slots = append(cfg.Slots, n)
+	}
+	for _, name := range strings.Split(*routers, ",") {
+		i := slices.IndexFunc(sitebench.Routers, func(r sitebench.Router) bool { return r.Name == strings.TrimSpace(name) })
+		if i < 0 {
+			return bad("routers", fmt.Errorf("%q is not one of grid, grid:reference, nginx-wrr, nginx-least-conn", name))
+		}
+		cfg.Routers = append(cfg.Routers, sitebench.Routers[i])
+	}
+	for _, name := range strings.Split(*scenarios, ",") {
+		sc := sitebench.Scenario(strings.TrimSpace(name))
+		if !slices.Contains(sitebench.Scenarios, sc) {
+			return bad("scenarios", fmt.Errorf("%q is not one of %s", name, joinScenarios()))
+		}
+		cfg.Scenarios = append(cfg.Scenarios, sc)
+	}
+	switch {
+	case cfg.Arrivals != sitebench.Poisson && cfg.Arrivals != sitebench.Bursty:
+		return bad("arrivals", fmt.Errorf("%q: want poisson or bursty", *arrivals))
+	case *replicas < 1:
+		return bad("replicas", errors.New("below 1"))
+	case !(*load > 0 && *load < 2):
+		return bad("load", fmt.Errorf("%v: want a load in (0, 2)", *load))
+	case *format != "text" && *format != "tsv":
+		return bad("format", fmt.Errorf("%q: want text or tsv", *format))
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench sites: the grid binary: %w", err)
+	}
+	cfg.Binary = bin
+	results, err := sitebench.Run(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("bench sites: %w", err)
+	}
+	if *format == "tsv" {
+		sitebench.WriteTSV(e.stdout, results)
+	} else {
+		sitebench.WriteTables(e.stdout, cfg, results)
+	}
+	return nil
+}
+
+func joinScenarios() string {
+	names := make([]string, len(sitebench.Scenarios))
+	for i, s := range sitebench.Scenarios {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
 }

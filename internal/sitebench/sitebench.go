@@ -1,0 +1,424 @@
+// Package sitebench is the routing benchmark on real processes (grid bench
+// sites): on loopback, N sites of `grid sim` engines, one `grid operator`
+// per site and K `grid gateway` replicas per site, or K nginx instances per
+// site in front of every site's engines, and an open-loop load generator
+// spread over every entry point. Every router of a cell is sent the same
+// seeded request sequence on fresh processes, under a scenario: steady
+// load, load that bypasses the routers, capacity lost and regained, a site
+// killed and restarted, every gateway restarted, or the whole grid started
+// under load.
+package sitebench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Model is the model every sim serves.
+const Model = "bench/model"
+
+// Router is one of the routers a cell runs.
+type Router struct {
+	// Name is its name in --routers and in the tables.
+	Name string
+	// Policy is the gateway's availability.policy ("" for the default);
+	// Grid routers only.
+	Policy string
+	// Nginx selects nginx instead of Grid; LeastConn its least_conn
+	// balancing instead of weighted round robin.
+	Nginx, LeastConn bool
+}
+
+// Routers are the routers --routers names.
+var Routers = []Router{
+	{Name: "grid"},
+	{Name: "grid:reference", Policy: "reference"},
+	{Name: "nginx-wrr", Nginx: true},
+	{Name: "nginx-least-conn", Nginx: true, LeastConn: true},
+}
+
+// Scenario is what happens during a cell.
+type Scenario string
+
+// Scenarios.
+const (
+	Steady        Scenario = "steady"
+	ExternalLoad  Scenario = "external-load"
+	CapacityDrop  Scenario = "capacity-drop"
+	SiteFailure   Scenario = "site-failure"
+	RestartAll    Scenario = "restart"
+	ColdStart     Scenario = "cold-start"
+	baselineRoute          = "nginx-wrr"
+)
+
+// Scenarios lists every scenario, in the order the tables print them.
+var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart}
+
+// Config is one benchmark.
+type Config struct {
+	// Slots per site.
+	Slots []int
+	// Replicas is the gateway replicas (or nginx instances) per site.
+	Replicas int
+	Load     float64
+	Arrivals Arrivals
+	// Warmup is the load before measuring starts (none for cold-start);
+	// Duration what is measured.
+	Warmup, Duration time.Duration
+	Routers          []Router
+	Scenarios        []Scenario
+	Runs             int
+	Seed             uint64
+	Timing           Timing
+	// Binary is the grid binary the processes run (os.Executable()).
+	Binary string
+	// Log receives progress lines; nil is silent.
+	Log io.Writer
+}
+
+// DefaultTiming: about 1 s a request at the default sizes, a 20,000-token
+// prompt a second of prefill.
+var DefaultTiming = Timing{TTFT: 20 * time.Millisecond, TPOT: 5 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
+
+// Result is one cell: a scenario, a router, a run.
+type Result struct {
+	Scenario Scenario
+	Router   string
+	Run      int
+	Requests int
+	Errors   int
+	// TTFT and E2E are the measured requests' time to first token and to
+	// the end, of those that succeeded.
+	TTFTP50, TTFTP99, E2EMean, E2EP99 time.Duration
+	// Share is each site's part of the measured requests.
+	Share map[string]float64
+	// ErrorSample is the first few errors, for the log.
+	ErrorSample []string
+}
+
+// Run runs every scenario × router × run and returns the results in that
+// order.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Binary == "" {
+		return nil, errors.New("sitebench: no grid binary")
+	}
+	for _, r := range cfg.Routers {
+		if r.Nginx {
+			if _, err := exec.LookPath(nginxBinary); err != nil {
+				return nil, ErrNoNginx
+			}
+		}
+	}
+	var out []Result
+	for _, sc := range cfg.Scenarios {
+		for run := range max(cfg.Runs, 1) {
+			for _, router := range cfg.Routers {
+				if err := ctx.Err(); err != nil {
+					return out, err
+				}
+				res, err := runCell(ctx, cfg, sc, router, run)
+				if err != nil {
+					return out, fmt.Errorf("%s, %s, run %d: %w", sc, router.Name, run+1, err)
+				}
+				if cfg.Log != nil {
+					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors, ttft p50 %v p99 %v, e2e mean %v p99 %v\n", sc, router.Name, run+1,
+						res.Requests, res.Errors, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99)
+					for _, e := range res.ErrorSample {
+						fmt.Fprintf(cfg.Log, "  error: %s\n", e)
+					}
+				}
+				out = append(out, res)
+			}
+		}
+	}
+	return out, nil
+}
+
+// runCell starts a fresh grid of processes, sends the workload, runs the
+// scenario's event, and measures.
+func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run int) (Result, error) {
+	dir, err := os.MkdirTemp("", "grid-bench-sites-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	sites, err := newSites(cfg.Slots, cfg.Replicas)
+	if err != nil {
+		return Result{}, err
+	}
+	st := &stack{bin: cfg.Binary, dir: dir, timing: cfg.Timing, sites: sites, router: router}
+	defer st.close()
+	slots := 0
+	var entries []string
+	var entrySite []string
+	for _, s := range sites {
+		slots += s.slots
+		entries = append(entries, s.replicas...)
+		for range s.replicas {
+			entrySite = append(entrySite, s.name)
+		}
+	}
+	warmup := cfg.Warmup
+	if sc == ColdStart {
+		warmup = 0
+	}
+	seed := cfg.Seed + uint64(run)*0x9E3779B97F4A7C15
+	w := NewWorkload(seed, warmup+cfg.Duration, cfg.Load, slots, len(entries), cfg.Arrivals, cfg.Timing)
+	if err := st.startSims(); err != nil {
+		return Result{}, err
+	}
+	startRouters := func() error {
+		if router.Nginx {
+			return st.startNginx(router.LeastConn)
+		}
+		return st.startGrid()
+	}
+	gen := newGenerator(entries, sites)
+	certs := dir + "/certs"
+	if sc == ColdStart {
+		// The load starts with the routers: the first requests find
+		// processes still starting, as after a deploy. Requests sent
+		// before an entry point listens are retried by the generator
+		// until it does (a client's connection is refused, not lost).
+		gen.retryRefused = true
+		loadDone := gen.start(ctx, w)
+		if err := startRouters(); err != nil {
+			return Result{}, err
+		}
+		<-loadDone
+	} else {
+		if err := startRouters(); err != nil {
+			return Result{}, err
+		}
+		if err := gen.waitRouted(ctx, Model, 30*time.Second); err != nil {
+			return Result{}, err
+		}
+		loadDone := gen.start(ctx, w)
+		biggest := sites[0]
+		for _, s := range sites {
+			if s.slots > biggest.slots {
+				biggest = s
+			}
+		}
+		third := cfg.Duration / 3
+		at := func(d time.Duration) bool {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		var eventErr error
+		switch sc {
+		case ExternalLoad:
+			if at(warmup + third) {
+				// Clients of the biggest site send it half its capacity
+				// directly, for a third of the run.
+				ext := NewWorkload(seed^0xE7, third, 0.5, biggest.slots, 1, Poisson, cfg.Timing)
+				direct := newGenerator([]string{biggest.sim}, sites)
+				direct.unmeasured = true
+				<-direct.start(ctx, ext)
+			}
+		case CapacityDrop:
+			if at(warmup + third) {
+				eventErr = simControl(biggest.sim, fmt.Sprintf(`{"endpoints": %d}`, max(biggest.endpoints/2, 1)))
+				if eventErr == nil && at(third) {
+					eventErr = simControl(biggest.sim, fmt.Sprintf(`{"endpoints": %d}`, biggest.endpoints))
+				}
+			}
+		case SiteFailure:
+			if at(warmup + third) {
+				biggest.simProc.kill()
+				if at(third) {
+					eventErr = st.startSim(biggest)
+				}
+			}
+		case RestartAll:
+			if at(warmup) {
+				if router.Nginx {
+					eventErr = st.restartNginx(router.LeastConn)
+				} else {
+					eventErr = st.restartGateways(certs)
+				}
+			}
+		}
+		<-loadDone
+		if eventErr != nil {
+			return Result{}, fmt.Errorf("the scenario's event: %w", eventErr)
+		}
+	}
+	return summarise(sc, router.Name, run, gen.outcomes(), warmup), nil
+}
+
+// summarise measures the requests that arrived from warmup on.
+func summarise(sc Scenario, router string, run int, all []outcome, warmup time.Duration) Result {
+	res := Result{Scenario: sc, Router: router, Run: run, Share: map[string]float64{}}
+	var ttft, e2e []time.Duration
+	var sum time.Duration
+	for _, o := range all {
+		if o.at < warmup {
+			continue
+		}
+		res.Requests++
+		if o.err != "" {
+			res.Errors++
+			if len(res.ErrorSample) < 3 {
+				res.ErrorSample = append(res.ErrorSample, o.err)
+			}
+			continue
+		}
+		ttft = append(ttft, o.ttft)
+		e2e = append(e2e, o.e2e)
+		sum += o.e2e
+		res.Share[o.site]++
+	}
+	if n := len(e2e); n > 0 {
+		slices.Sort(ttft)
+		slices.Sort(e2e)
+		res.TTFTP50, res.TTFTP99 = quantile(ttft, 0.5), quantile(ttft, 0.99)
+		res.E2EMean, res.E2EP99 = sum/time.Duration(n), quantile(e2e, 0.99)
+		for s := range res.Share {
+			res.Share[s] /= float64(n)
+		}
+	}
+	return res
+}
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	return sorted[int(math.Round(q*float64(len(sorted)-1)))]
+}
+
+// WriteTSV writes one line per result, header first.
+func WriteTSV(w io.Writer, results []Result) {
+	fmt.Fprintln(w, "scenario\trouter\trun\trequests\terrors\tttft_p50_ms\tttft_p99_ms\te2e_mean_ms\te2e_p99_ms")
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }
+	for _, r := range results {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", r.Scenario, r.Router, r.Run+1, r.Requests, r.Errors, ms(r.TTFTP50), ms(r.TTFTP99), ms(r.E2EMean), ms(r.E2EP99))
+	}
+}
+
+// WriteTables writes a table per scenario: each router's figures (mean ±
+// 95% interval over runs), its ratio to nginx-wrr's, and its share of the
+// requests per site.
+func WriteTables(w io.Writer, cfg Config, results []Result) {
+	for _, sc := range cfg.Scenarios {
+		fmt.Fprintf(w, "scenario %s: sites %s, K=%d, load %g, %s arrivals, %v measured after %v (%d runs)\n", sc, joinInts(cfg.Slots), cfg.Replicas, cfg.Load,
+			cfg.Arrivals, cfg.Duration, map[bool]time.Duration{true: 0, false: cfg.Warmup}[sc == ColdStart], max(cfg.Runs, 1))
+		fmt.Fprintf(w, "  %-18s %9s %7s %16s %16s %16s %16s %10s %10s  %s\n", "router", "requests", "errors", "ttft p50 ms", "ttft p99 ms", "e2e mean ms", "e2e p99 ms", "p99 ttft×", "mean e2e×", "share")
+		base := cellMeans(results, sc, baselineRoute)
+		for _, router := range cfg.Routers {
+			m := cellMeans(results, sc, router.Name)
+			if m.n == 0 {
+				continue
+			}
+			ratio := func(a, b float64) string {
+				if b == 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.2f", a/b)
+			}
+			fmt.Fprintf(w, "  %-18s %9.0f %7.0f %16s %16s %16s %16s %10s %10s  %s\n", router.Name, m.requests, m.errors,
+				m.ttftP50.String(), m.ttftP99.String(), m.e2eMean.String(), m.e2eP99.String(),
+				ratio(m.ttftP99.mean, base.ttftP99.mean), ratio(m.e2eMean.mean, base.e2eMean.mean), m.share)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// stat is a figure's mean over runs and its 95% interval.
+type stat struct{ mean, half float64 }
+
+func (s stat) String() string {
+	if s.half == 0 {
+		return fmt.Sprintf("%.0f", s.mean)
+	}
+	return fmt.Sprintf("%.0f±%.0f", s.mean, s.half)
+}
+
+type means struct {
+	n                                 int
+	requests, errors                  float64
+	ttftP50, ttftP99, e2eMean, e2eP99 stat
+	share                             string
+}
+
+// cellMeans averages a scenario's runs of one router.
+func cellMeans(results []Result, sc Scenario, router string) means {
+	var m means
+	var t50, t99, em, e99 []float64
+	share := map[string]float64{}
+	for _, r := range results {
+		if r.Scenario != sc || r.Router != router {
+			continue
+		}
+		m.n++
+		m.requests += float64(r.Requests)
+		m.errors += float64(r.Errors)
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		t50, t99, em, e99 = append(t50, ms(r.TTFTP50)), append(t99, ms(r.TTFTP99)), append(em, ms(r.E2EMean)), append(e99, ms(r.E2EP99))
+		for s, v := range r.Share {
+			share[s] += v
+		}
+	}
+	if m.n == 0 {
+		return m
+	}
+	m.requests /= float64(m.n)
+	m.errors /= float64(m.n)
+	m.ttftP50, m.ttftP99, m.e2eMean, m.e2eP99 = interval(t50), interval(t99), interval(em), interval(e99)
+	var names []string
+	for s := range share {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, s := range names {
+		parts = append(parts, fmt.Sprintf("%s %.0f%%", s, 100*share[s]/float64(m.n)))
+	}
+	m.share = strings.Join(parts, " ")
+	return m
+}
+
+// interval is the mean of xs and the half-width of its 95% interval
+// (Student's t over the runs).
+func interval(xs []float64) stat {
+	n := len(xs)
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	mean := sum / float64(n)
+	if n < 2 {
+		return stat{mean: mean}
+	}
+	var sq float64
+	for _, x := range xs {
+		sq += (x - mean) * (x - mean)
+	}
+	t := [...]float64{0, 0, 12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26}
+	tv := 1.96
+	if n < len(t) {
+		tv = t[n]
+	}
+	return stat{mean: mean, half: tv * math.Sqrt(sq/float64(n-1)/float64(n))}
+}
+
+func joinInts(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprint(x)
+	}
+	return strings.Join(parts, "/")
+}

@@ -1,0 +1,100 @@
+package sitebench
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWorkloadIsSeededAndLoaded: one seed gives one sequence; the arrival
+// rate offers the asked load of the sims' capacity; sizes are heavy-tailed
+// around their medians.
+func TestWorkloadIsSeededAndLoaded(t *testing.T) {
+	a := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming)
+	b := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming)
+	if len(a.Requests) != len(b.Requests) || a.Requests[100] != b.Requests[100] {
+		t.Fatal("one seed, two sequences")
+	}
+	if c := NewWorkload(8, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming); c.Requests[100] == a.Requests[100] {
+		t.Error("another seed, the same sequence")
+	}
+	var busy time.Duration
+	var prompts []int
+	entries := map[int]int{}
+	for _, r := range a.Requests {
+		busy += DefaultTiming.service(r)
+		prompts = append(prompts, r.PromptTokens)
+		entries[r.Entry]++
+	}
+	if offered := busy.Seconds() / (10 * time.Minute).Seconds() / 56; math.Abs(offered-0.8) > 0.05 {
+		t.Errorf("offered load %.3f, want 0.8", offered)
+	}
+	if s := a.MeanService; s < 800*time.Millisecond || s > 1500*time.Millisecond {
+		t.Errorf("mean service %v, want about a second", s)
+	}
+	long := 0
+	for _, p := range prompts {
+		if p > 4000 {
+			long++
+		}
+	}
+	if share := float64(long) / float64(len(prompts)); share < 0.005 || share > 0.05 {
+		t.Errorf("prompts over 4,000 tokens: %.3f of requests, want a heavy tail (about 1%%)", share)
+	}
+	for e := range 3 {
+		if n := entries[e]; n < len(a.Requests)/4 {
+			t.Errorf("entry %d took %d of %d requests", e, n, len(a.Requests))
+		}
+	}
+}
+
+// TestBurstyArrivalsComeInBursts: the same mean rate, in on thirds.
+func TestBurstyArrivalsComeInBursts(t *testing.T) {
+	p := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Poisson, DefaultTiming)
+	b := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Bursty, DefaultTiming)
+	if r := float64(len(b.Requests)) / float64(len(p.Requests)); r < 0.85 || r > 1.15 {
+		t.Errorf("bursty has %d requests to Poisson's %d: the mean rate moved", len(b.Requests), len(p.Requests))
+	}
+	// Bursts: most quarter-seconds are empty (the off two thirds), where a
+	// Poisson stream of 40 a second almost never leaves one empty.
+	empty := func(w Workload) float64 {
+		full := map[int]bool{}
+		for _, r := range w.Requests {
+			full[int(r.At/(250*time.Millisecond))] = true
+		}
+		return 1 - float64(len(full))/float64(10*time.Minute/(250*time.Millisecond))
+	}
+	if e := empty(b); e < 0.5 {
+		t.Errorf("bursty: %.2f of quarter-seconds empty, want most", e)
+	}
+	if e := empty(p); e > 0.05 {
+		t.Errorf("Poisson: %.2f of quarter-seconds empty", e)
+	}
+}
+
+// TestNginxConfigWeighsBySlots: nginx gets every site's engines, weighted
+// by slots, SSE unbuffered, bodies in memory, and least_conn only when
+// asked.
+func TestNginxConfigWeighsBySlots(t *testing.T) {
+	sites := []*site{{name: "s0", slots: 8, sim: "127.0.0.1:1"}, {name: "s1", slots: 32, sim: "127.0.0.1:2"}}
+	c := nginxConfig(sites, "127.0.0.1:3", "/tmp/x", false)
+	for _, want := range []string{"server 127.0.0.1:1 weight=8;", "server 127.0.0.1:2 weight=32;", "listen 127.0.0.1:3;", "proxy_buffering off;", "client_body_buffer_size 4m;", "add_header X-Upstream $upstream_addr"} {
+		if !strings.Contains(c, want) {
+			t.Errorf("config lacks %q:\n%s", want, c)
+		}
+	}
+	if strings.Contains(c, "least_conn") || !strings.Contains(nginxConfig(sites, "127.0.0.1:3", "/tmp/x", true), "least_conn;") {
+		t.Error("least_conn where not asked, or missing where asked")
+	}
+}
+
+func TestIntervalIsStudents(t *testing.T) {
+	s := interval([]float64{1, 2, 3})
+	if s.mean != 2 || math.Abs(s.half-4.30*math.Sqrt(1.0/3)) > 1e-9 {
+		t.Errorf("interval %+v", s)
+	}
+	if one := interval([]float64{5}); one.half != 0 || one.mean != 5 {
+		t.Errorf("one run: %+v", one)
+	}
+}

@@ -1,0 +1,396 @@
+package sitebench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/grid-inference/grid/internal/identity"
+)
+
+// proc is one child process of the benchmark: a grid subcommand or nginx.
+// Its output is kept, bounded, for the error that says why it failed.
+type proc struct {
+	name string
+	args []string
+	cmd  *exec.Cmd
+	out  *tailBuffer
+	done chan struct{}
+}
+
+// tailBuffer keeps the last 16 KiB a process wrote.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - 16<<10; over > 0 {
+		b.buf = b.buf[over:]
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+// startProc starts bin with args.
+func startProc(name, bin string, args ...string) (*proc, error) {
+	p := &proc{name: name, args: args, cmd: exec.Command(bin, args...), out: &tailBuffer{}, done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop ends the process: SIGTERM, then SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// kill ends the process at once, as a crash would.
+func (p *proc) kill() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// freeAddr returns a loopback address nothing listens on now, for a child
+// to bind.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// site is one site of the benchmark grid: its sim, and for Grid its
+// operator and gateway replicas.
+type site struct {
+	name  string
+	slots int
+	// endpoints of 8 slots (or one of slots, below 8).
+	endpoints, perEngine int
+	sim                  string // the sim's address
+	simProc              *proc
+	signals, opMetrics   string
+	op                   *proc
+	// replicas are the entry points: the gateways' client listeners, or
+	// the nginx instances'.
+	replicas  []string
+	hops      []string
+	gwMetrics []string
+	gws       []*proc
+}
+
+// stack is every process of one cell.
+type stack struct {
+	bin, dir string
+	timing   Timing
+	sites    []*site
+	nginx    []*proc
+	router   Router
+}
+
+// newSites lays out the sites and their addresses.
+func newSites(slots []int, replicas int) ([]*site, error) {
+	var out []*site
+	for i, n := range slots {
+		s := &site{name: fmt.Sprintf("s%d", i), slots: n, endpoints: 1, perEngine: n}
+		if n >= 8 && n%8 == 0 {
+			s.endpoints, s.perEngine = n/8, 8
+		}
+		addrs := make([]string, 3+3*replicas)
+		for k := range addrs {
+			a, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			addrs[k] = a
+		}
+		s.sim, s.signals, s.opMetrics = addrs[0], addrs[1], addrs[2]
+		for k := range replicas {
+			s.replicas = append(s.replicas, addrs[3+3*k])
+			s.hops = append(s.hops, addrs[4+3*k])
+			s.gwMetrics = append(s.gwMetrics, addrs[5+3*k])
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// startSims starts every site's sim.
+func (st *stack) startSims() error {
+	for _, s := range st.sites {
+		if err := st.startSim(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (st *stack) startSim(s *site) error {
+	p, err := startProc(s.name+" sim", st.bin, "sim", "--kind", "epp", "--listen", s.sim, "--model", Model,
+		"--endpoints", fmt.Sprint(s.endpoints), "--slots", fmt.Sprint(s.perEngine),
+		"--ttft", st.timing.TTFT.String(), "--tpot", st.timing.TPOT.String(), "--prefill-per-token", st.timing.PrefillPerToken.String())
+	if err != nil {
+		return err
+	}
+	s.simProc = p
+	return waitHTTP(p, "http://"+s.sim+"/sim/control", 10*time.Second)
+}
+
+// startGrid writes the certificates and configurations and starts every
+// site's operator and gateway replicas.
+func (st *stack) startGrid() error {
+	certs := filepath.Join(st.dir, "certs")
+	if err := identity.Init(certs, "grid.internal", time.Now()); err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	for _, s := range st.sites {
+		if err := identity.Issue(certs, s.name, []string{"localhost"}, time.Now()); err != nil {
+			return fmt.Errorf("certificates: %w", err)
+		}
+	}
+	for _, s := range st.sites {
+		if err := st.startOperator(s, certs); err != nil {
+			return err
+		}
+	}
+	for _, s := range st.sites {
+		for k := range s.replicas {
+			if err := st.startGateway(s, k, certs); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func tlsBlock(certs, site string) string {
+	crt, key := identity.SiteFiles(certs, site)
+	return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}", filepath.Join(certs, "ca.crt"), crt, key)
+}
+
+func (st *stack) startOperator(s *site, certs string) error {
+	var peers strings.Builder
+	for _, o := range st.sites {
+		if o != s {
+			// A peer's gateway is its first replica, as a load balancer's
+			// address would be.
+			fmt.Fprintf(&peers, "  - {site: %s, signals: \"https://%s\", gateway: \"https://%s\"}\n", o.name, o.signals, o.hops[0])
+		}
+	}
+	cfg := fmt.Sprintf("site: %s\n%s\nsignals: {listen: %q}\nmetrics: {listen: %q}\nstateDir: %q\npeers:\n%sproviders:\n"+
+		"  - {name: %s-pool, model: %s, kind: epp, upstream: \"http://%s\", metrics: {endpoint: \"http://%s\"}}\n",
+		s.name, tlsBlock(certs, s.name), s.signals, s.opMetrics, filepath.Join(st.dir, "state-"+s.name), peers.String(), s.name, Model, s.sim, s.sim)
+	file := filepath.Join(st.dir, s.name+"-operator.yaml")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	p, err := startProc(s.name+" operator", st.bin, "operator", "--config", file)
+	if err != nil {
+		return err
+	}
+	s.op = p
+	return waitHTTP(p, "http://"+s.opMetrics+"/healthz", 15*time.Second)
+}
+
+func (st *stack) startGateway(s *site, k int, certs string) error {
+	policy := ""
+	if st.router.Policy != "" {
+		policy = "availability: {policy: " + st.router.Policy + "}\n"
+	}
+	cfg := fmt.Sprintf("site: %s\n%s\nlisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: \"https://%s\"}\n%s",
+		s.name, tlsBlock(certs, s.name), s.replicas[k], s.hops[k], s.gwMetrics[k], s.signals, policy)
+	file := filepath.Join(st.dir, fmt.Sprintf("%s-gateway-%d.yaml", s.name, k))
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	p, err := startProc(fmt.Sprintf("%s gateway %d", s.name, k), st.bin, "gateway", "--config", file, "--drain-timeout", "5s")
+	if err != nil {
+		return err
+	}
+	if k < len(s.gws) {
+		s.gws[k] = p
+	} else {
+		s.gws = append(s.gws, p)
+	}
+	return waitHTTP(p, "http://"+s.gwMetrics[k]+"/healthz", 15*time.Second)
+}
+
+// restartGateways stops every gateway replica and starts it again, with
+// what it learned gone (the restart scenario); operators stay up.
+func (st *stack) restartGateways(certs string) error {
+	for _, s := range st.sites {
+		for _, p := range s.gws {
+			p.stop(10 * time.Second)
+		}
+	}
+	for _, s := range st.sites {
+		for k := range s.replicas {
+			if err := st.startGateway(s, k, certs); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// nginxConfig is one nginx instance in front of every site's sim, weighted
+// by slots (weighted round robin), or by least connections.
+func nginxConfig(sites []*site, listen, dir string, leastConn bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "worker_processes 1;\npid %s;\nerror_log %s warn;\ndaemon off;\nevents { worker_connections 8192; }\nhttp {\n", filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "error.log"))
+	// Request bodies (a 20,000-token prompt is 80 KB) are held in memory:
+	// the workers may not be able to write a temporary file.
+	fmt.Fprintf(&b, "  access_log off;\n  client_body_buffer_size 4m;\n  client_max_body_size 16m;\n  client_body_temp_path %[1]s;\n  proxy_temp_path %[1]s;\n  fastcgi_temp_path %[1]s;\n  uwsgi_temp_path %[1]s;\n  scgi_temp_path %[1]s;\n", filepath.Join(dir, "tmp"))
+	b.WriteString("  upstream sims {\n")
+	if leastConn {
+		b.WriteString("    least_conn;\n")
+	}
+	for _, s := range sites {
+		fmt.Fprintf(&b, "    server %s weight=%d;\n", s.sim, s.slots)
+	}
+	b.WriteString("    keepalive 256;\n  }\n")
+	fmt.Fprintf(&b, "  server {\n    listen %s;\n    location / {\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n", listen)
+	return b.String()
+}
+
+func (st *stack) startNginx(leastConn bool) error {
+	for _, s := range st.sites {
+		for k, addr := range s.replicas {
+			dir := filepath.Join(st.dir, fmt.Sprintf("nginx-%s-%d", s.name, k))
+			if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+				return err
+			}
+			file := filepath.Join(dir, "nginx.conf")
+			if err := os.WriteFile(file, []byte(nginxConfig(st.sites, addr, dir, leastConn)), 0o644); err != nil {
+				return err
+			}
+			p, err := startProc("nginx "+addr, nginxBinary, "-e", filepath.Join(dir, "error.log"), "-c", file)
+			if err != nil {
+				return err
+			}
+			st.nginx = append(st.nginx, p)
+			if err := waitTCP(p, addr, 10*time.Second); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// restartNginx stops every nginx instance and starts it again.
+func (st *stack) restartNginx(leastConn bool) error {
+	for _, p := range st.nginx {
+		p.stop(10 * time.Second)
+	}
+	st.nginx = nil
+	return st.startNginx(leastConn)
+}
+
+// close stops every process, gateways and nginx first.
+func (st *stack) close() {
+	for _, p := range st.nginx {
+		p.stop(5 * time.Second)
+	}
+	for _, s := range st.sites {
+		for _, p := range s.gws {
+			p.stop(5 * time.Second)
+		}
+	}
+	for _, s := range st.sites {
+		if s.op != nil {
+			s.op.stop(5 * time.Second)
+		}
+		if s.simProc != nil {
+			s.simProc.stop(5 * time.Second)
+		}
+	}
+}
+
+// nginxBinary is nginx from the OS packages.
+var nginxBinary = "/usr/sbin/nginx"
+
+// ErrNoNginx says nginx is missing, and how to install it.
+var ErrNoNginx = errors.New("nginx is not installed: apt-get install nginx-light (the nginx routers need it)")
+
+// waitHTTP waits until url answers 2xx, or p exits, or timeout.
+func waitHTTP(p *proc, url string, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second}
+	return waitFor(p, url, timeout, func() bool {
+		resp, err := client.Get(url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode/100 == 2
+	})
+}
+
+// waitTCP waits until addr accepts a connection.
+func waitTCP(p *proc, addr string, timeout time.Duration) error {
+	return waitFor(p, addr, timeout, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+func waitFor(p *proc, what string, timeout time.Duration, ok func() bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !ok() {
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before %s answered: %s", p.name, what, lastLines(p.out.String(), 10))
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %s did not answer within %v: %s", p.name, what, timeout, lastLines(p.out.String(), 10))
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	lines := bytes.Split(bytes.TrimSpace([]byte(s)), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
