@@ -1,18 +1,21 @@
 package operator
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,6 +72,13 @@ func startSite(t *testing.T, dir, name, stateDir, addr string, providers []confi
 
 func startSiteLimits(t *testing.T, lim Limits, dir, name, stateDir, addr string, providers []config.Provider, peers ...string) *site {
 	t.Helper()
+	return startSiteLogged(t, nil, lim, dir, name, stateDir, addr, providers, peers...)
+}
+
+// startSiteLogged is startSiteLimits with the operator logging to log (nil:
+// nowhere).
+func startSiteLogged(t *testing.T, log *slog.Logger, lim Limits, dir, name, stateDir, addr string, providers []config.Provider, peers ...string) *site {
+	t.Helper()
 	cfg := &config.Operator{Site: name, StateDir: stateDir, Providers: providers, TLS: tlsFiles(dir, name)}
 	for _, p := range peers {
 		n, u, _ := strings.Cut(p, "=")
@@ -81,7 +91,7 @@ func startSiteLimits(t *testing.T, lim Limits, dir, name, stateDir, addr string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := New(cfg, state, Options{Clock: clock.Real{}, Identity: idSource(t, dir, name)})
+	op, err := New(cfg, state, Options{Clock: clock.Real{}, Logger: log, Identity: idSource(t, dir, name)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -723,4 +733,63 @@ func TestGatewayAgesRejected(t *testing.T) {
 		t.Fatalf("malformed report: %v %v", err, r2)
 	}
 	r2.Body.Close()
+}
+
+// TestPeerPollFailuresAreSaidOnce: a peer whose operator cannot be reached
+// is said at WARN once, naming the peer and the outcome, not at every poll;
+// once it answers again, one INFO says so.
+func TestPeerPollFailuresAreSaidOnce(t *testing.T) {
+	dir := pki(t, "east", "west")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	westAddr := ln.Addr().String()
+	ln.Close() // west is down
+	var logged syncBuffer
+	log := slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	east := startSiteLogged(t, log, DefaultLimits, dir, "east", t.TempDir(), "", nil, "west=https://"+westAddr)
+	count := func(level, msg string) int {
+		n := 0
+		for _, line := range strings.Split(logged.String(), "\n") {
+			if strings.Contains(line, `"level":"`+level+`"`) && strings.Contains(line, msg) {
+				n++
+			}
+		}
+		return n
+	}
+	for range 3 {
+		east.op.PollPeers(context.Background())
+	}
+	if n := count("WARN", "cannot poll peer"); n != 1 {
+		t.Fatalf("three failed polls of a down peer logged %d WARNs, want 1:\n%s", n, logged.String())
+	}
+	if !strings.Contains(logged.String(), `"peer":"west"`) || !strings.Contains(logged.String(), `"outcome":"refused"`) {
+		t.Errorf("the WARN does not name the peer and the outcome:\n%s", logged.String())
+	}
+	startSite(t, dir, "west", t.TempDir(), westAddr, nil, "east=https://"+east.addr)
+	for range 2 {
+		east.op.PollPeers(context.Background())
+	}
+	if n := count("INFO", "peer polled again"); n != 1 {
+		t.Errorf("a peer back: %d INFOs, want 1:\n%s", n, logged.String())
+	}
+	if n := count("WARN", "cannot poll peer"); n != 1 {
+		t.Errorf("WARNs after recovery: %d, want still 1", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer a logger and a test may share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

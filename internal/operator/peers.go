@@ -75,6 +75,34 @@ type peerState struct {
 	// cursor is the peer's last long-poll cursor, "" when the next poll
 	// is a plain one (the peer's loop only).
 	cursor string
+	// health is what the log last said of the peer's polls, guarded by
+	// its mu: its loop and a PollPeers round may both poll it.
+	health pollHealth
+}
+
+// pollHealth turns a peer's poll outcomes into the log an operator must
+// act on: one WARN when its polls start failing, and again when they fail
+// differently, one INFO when they succeed again; the rest is DEBUG.
+type pollHealth struct {
+	mu      sync.Mutex
+	failing string // the outcome of the failing run; "" while polls succeed
+	failed  int    // polls failed in the run
+}
+
+// observe records one poll's outcome and reports what to log: warn when a
+// failing run starts or changes outcome, recovered (with the run's length)
+// when a failing run ends.
+func (h *pollHealth) observe(outcome string) (warn bool, recovered int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if outcome == OutcomeOK {
+		recovered, h.failing, h.failed = h.failed, "", 0
+		return false, recovered
+	}
+	warn = h.failing != outcome
+	h.failing = outcome
+	h.failed++
+	return warn, 0
 }
 
 // peerPoller polls every configured peer.
@@ -301,8 +329,15 @@ func (pp *peerPoller) pollPeer(ctx context.Context, ps *peerState, long bool) (w
 			ps.cursor = ""
 		}
 		o.m.peers.up.WithLabelValues(site).Set(0)
-		o.log.Debug("peer poll failed", "peer", site, "outcome", outcome, "err", err)
+		if warn, _ := ps.health.observe(outcome); warn {
+			o.log.Warn("cannot poll peer; its rows age until they expire", "peer", site, "signals", ps.cfg.Signals, "outcome", outcome, "err", err)
+		} else {
+			o.log.Debug("peer poll failed", "peer", site, "outcome", outcome, "err", err)
+		}
 		return false
+	}
+	if _, recovered := ps.health.observe(OutcomeOK); recovered > 0 {
+		o.log.Info("peer polled again", "peer", site, "failed_polls", recovered)
 	}
 	if long {
 		ps.cursor = cursor
