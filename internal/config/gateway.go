@@ -122,7 +122,15 @@ type GatewayLimits struct {
 	// once, across every connection; 0 derives it from the memory limit
 	// (docs/gateway.md).
 	BodyBytes int64 `yaml:"bodyBytes"`
+	// DetachStreams copies SSE answers off the HTTP server's goroutines
+	// once their first bytes have come (docs/gateway.md, detached
+	// streams); nil is on. A reload applies it to the streams that start
+	// after it.
+	DetachStreams *bool `yaml:"detachStreams"`
 }
+
+// Detach reports whether SSE answers are detached (limits.detachStreams).
+func (l *GatewayLimits) Detach() bool { return l.DetachStreams == nil || *l.DetachStreams }
 
 // OperatorRef locates the local operator.
 type OperatorRef struct {

@@ -286,6 +286,49 @@ func TestStreamNotDetachedWhenConnectionCloses(t *testing.T) {
 	}
 }
 
+// TestStreamNotDetachedWhenSwitchedOff: with limits.detachStreams false,
+// a stream is copied by the server, whole, and a reload turning it back on
+// detaches the next one.
+func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	off := *g.cfg.Load()
+	no := false
+	off.Limits.DetachStreams = &no
+	if err := g.Reload(&off); err != nil {
+		t.Fatal(err)
+	}
+	stream := func() *bufio.Reader {
+		resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		br := bufio.NewReader(resp.Body)
+		if got := readEvent(t, br); got != "first" {
+			t.Fatalf("first event %q", got)
+		}
+		return br
+	}
+	br := stream()
+	if n := g.streams.Len(); n != 0 {
+		t.Fatalf("detaching off: %d streams detached", n)
+	}
+	close(up.step)
+	if got := readEvent(t, br); got != "[DONE]" {
+		t.Fatalf("last event %q", got)
+	}
+	on := *g.cfg.Load()
+	on.Limits.DetachStreams = nil
+	if err := g.Reload(&on); err != nil {
+		t.Fatal(err)
+	}
+	up.step = make(chan string)
+	stream()
+	waitFor(t, "a stream after the reload is detached", func() bool { return g.streams.Len() == 1 })
+	close(up.step)
+}
+
 // DrainStreams waits for streams that end, and cuts those that outlast
 // its context.
 func TestDrainStreams(t *testing.T) {

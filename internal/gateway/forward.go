@@ -160,7 +160,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 	// that asks for a stream pays for that context.
 	outCtx := r.Context()
 	var via *rejoinListener
-	if out.stream {
+	if out.stream && g.cfg.Load().Limits.Detach() {
 		via = detachVia(r)
 	}
 	var stopWatch func() bool

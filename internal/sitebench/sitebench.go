@@ -101,8 +101,24 @@ type Result struct {
 	TTFTP50, TTFTP99, E2EMean, E2EP99 time.Duration
 	// Share is each site's part of the measured requests.
 	Share map[string]float64
-	// ErrorSample is the first few errors, for the log.
+	// ErrorKinds counts the failed requests by what their client saw
+	// (errorKind); ErrorSample is the first few errors, for the log.
+	ErrorKinds  map[string]int
 	ErrorSample []string
+}
+
+// errorKind is the class of what a failed request's client saw: a stream
+// cut after it began, a refused or reset connection, or a status.
+func errorKind(err string) string {
+	switch {
+	case strings.HasPrefix(err, "stream"):
+		return "stream cut"
+	case strings.HasPrefix(err, "status "):
+		return err[:len("status 000")]
+	case strings.Contains(err, "connection refused"):
+		return "refused"
+	}
+	return "transport"
 }
 
 // Run runs every scenario × router × run and returns the results in that
@@ -130,8 +146,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, fmt.Errorf("%s, %s, run %d: %w", sc, router.Name, run+1, err)
 				}
 				if cfg.Log != nil {
-					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors, ttft p50 %v p99 %v, e2e mean %v p99 %v\n", sc, router.Name, run+1,
-						res.Requests, res.Errors, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99)
+					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors %v, ttft p50 %v p99 %v, e2e mean %v p99 %v\n", sc, router.Name, run+1,
+						res.Requests, res.Errors, res.ErrorKinds, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99)
 					for _, e := range res.ErrorSample {
 						fmt.Fprintf(cfg.Log, "  error: %s\n", e)
 					}
@@ -183,13 +199,14 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		return st.startGrid()
 	}
 	gen := newGenerator(entries, sites)
+	// While routers start or restart, a client's connection may be
+	// refused: it is sent again, as a load balancer would send it to a
+	// replica that is up, and its latency counts from its arrival.
+	gen.retryRefused = sc == ColdStart || sc == RestartAll
 	certs := dir + "/certs"
 	if sc == ColdStart {
 		// The load starts with the routers: the first requests find
-		// processes still starting, as after a deploy. Requests sent
-		// before an entry point listens are retried by the generator
-		// until it does (a client's connection is refused, not lost).
-		gen.retryRefused = true
+		// processes still starting, as after a deploy.
 		loadDone := gen.start(ctx, w)
 		if err := startRouters(); err != nil {
 			return Result{}, err
@@ -264,7 +281,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 
 // summarise measures the requests that arrived from warmup on.
 func summarise(sc Scenario, router string, run int, all []outcome, warmup time.Duration) Result {
-	res := Result{Scenario: sc, Router: router, Run: run, Share: map[string]float64{}}
+	res := Result{Scenario: sc, Router: router, Run: run, Share: map[string]float64{}, ErrorKinds: map[string]int{}}
 	var ttft, e2e []time.Duration
 	var sum time.Duration
 	for _, o := range all {
@@ -274,6 +291,7 @@ func summarise(sc Scenario, router string, run int, all []outcome, warmup time.D
 		res.Requests++
 		if o.err != "" {
 			res.Errors++
+			res.ErrorKinds[errorKind(o.err)]++
 			if len(res.ErrorSample) < 3 {
 				res.ErrorSample = append(res.ErrorSample, o.err)
 			}

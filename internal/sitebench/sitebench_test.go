@@ -98,3 +98,17 @@ func TestIntervalIsStudents(t *testing.T) {
 		t.Errorf("one run: %+v", one)
 	}
 }
+
+func TestErrorKinds(t *testing.T) {
+	for err, want := range map[string]string{
+		"stream: unexpected EOF":      "stream cut",
+		"stream ended without [DONE]": "stream cut",
+		"status 503: no healthy site": "status 503",
+		"transport: Post \"http://x\": dial tcp 127.0.0.1:1: connect: connection refused": "refused",
+		"transport: Post \"http://x\": EOF":                                               "transport",
+	} {
+		if got := errorKind(err); got != want {
+			t.Errorf("errorKind(%q) = %q, want %q", err, got, want)
+		}
+	}
+}
