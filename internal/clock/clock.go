@@ -6,6 +6,7 @@
 package clock
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -217,4 +218,20 @@ func (t *fakeTicker) Reset(d time.Duration) {
 	t.w.active = true
 	t.w.period = d
 	t.w.at = t.f.now.Add(d)
+}
+
+// Sleep waits d on c; it reports false when ctx ended first. A d of zero
+// or less returns at once, reporting whether ctx is still live.
+func Sleep(ctx context.Context, c Clock, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
 }

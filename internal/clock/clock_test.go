@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -50,5 +51,29 @@ func TestFakeSetBackwards(t *testing.T) {
 	f.Set(start.Add(-time.Hour))
 	if got := f.Now(); !got.Equal(start.Add(-time.Hour)) {
 		t.Fatalf("Now = %v", got)
+	}
+}
+
+// TestSleep: Sleep ends when its clock has moved d, and reports false when
+// its context ends first.
+func TestSleep(t *testing.T) {
+	f := NewFake(time.Unix(0, 0))
+	done := make(chan bool)
+	go func() { done <- Sleep(context.Background(), f, time.Second) }()
+	for {
+		f.Advance(100 * time.Millisecond)
+		select {
+		case ok := <-done:
+			if !ok {
+				t.Fatal("Sleep reported a cancel it did not have")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if Sleep(ctx, f, time.Hour) || Sleep(ctx, f, 0) {
+				t.Error("Sleep on an ended context reported true")
+			}
+			return
+		case <-time.After(time.Millisecond):
+		}
 	}
 }

@@ -309,7 +309,7 @@ func (g *Gateway) Run(ctx context.Context) {
 		if ok && g.cursor.Load() != nil {
 			gap = minPollGap
 		}
-		if !g.sleep(ctx, max(0, gap-g.clk.Now().Sub(start))) {
+		if !clock.Sleep(ctx, g.clk, max(0, gap-g.clk.Now().Sub(start))) {
 			return
 		}
 	}
@@ -335,18 +335,6 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 		case <-g.ejected:
 			g.refresh()
 		}
-	}
-}
-
-// sleep waits d; it reports false when ctx ends.
-func (g *Gateway) sleep(ctx context.Context, d time.Duration) bool {
-	t := g.clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
 	}
 }
 

@@ -160,7 +160,7 @@ func scrapeOffset(name string, interval time.Duration) time.Duration {
 func (o *Operator) scrapeLoop(ctx context.Context, p *provider, acquire func(context.Context) (func(), bool)) {
 	cfg := o.cfg.Load()
 	interval := cfg.ScrapeIntervalOf(&p.cfg)
-	if !o.wait(ctx, scrapeOffset(p.cfg.Name, interval)) {
+	if !clock.Sleep(ctx, o.clk, scrapeOffset(p.cfg.Name, interval)) {
 		return
 	}
 	t := o.clk.NewTicker(interval)
@@ -186,20 +186,5 @@ func (o *Operator) scrapeLoop(ctx context.Context, p *provider, acquire func(con
 			return
 		case <-t.C():
 		}
-	}
-}
-
-// wait sleeps d on the operator's clock; false when ctx ended first.
-func (o *Operator) wait(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := o.clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
 	}
 }
