@@ -619,8 +619,8 @@ func TestBusySiteKeepsItsCapacity(t *testing.T) {
 }
 
 // TestRestrictKeepsThePolicy: a view narrowed to some candidates (the hop
-// view) draws with the age-aware policy and sheds as the snapshot it came
-// from.
+// view) draws with the age-aware policy, counts its sends in the same
+// counters, and sheds as the snapshot it came from.
 func TestRestrictKeepsThePolicy(t *testing.T) {
 	w := newWorld(t, "a", "b", "c")
 	w.ageAware, w.set.WindowMs, w.set.SingleCeiling = true, 5000, true
@@ -628,12 +628,17 @@ func TestRestrictKeepsThePolicy(t *testing.T) {
 	for i, s := range []string{"a", "b", "c"} {
 		w.publish(s, 1000, obs{running: float64(10 * (i + 1)), queue: f(0)})
 	}
-	view := w.build(2000).Restrict(func(c *Candidate) bool { return c.Site != "a" })
+	whole := w.build(2000)
+	view := whole.Restrict(func(c *Candidate) bool { return c.Site != "a" })
 	if len(view.Candidates) != 2 || view.Candidates[0].Site != "b" || view.Candidates[1].Site != "c" {
 		t.Fatalf("the view's candidates: %+v", view.Candidates)
 	}
 	if p := view.Pick("m", 1, view.BuiltAt); p.Path != PathAgeAware {
 		t.Errorf("the view picked by path %v, want the age-aware draw", p.Path)
+	}
+	// The view's sends are the gateway's own: the whole snapshot sees them.
+	if got := ownInFlight(whole, 2000); got < 0.99 {
+		t.Errorf("a send through the view: %v own sends in the whole snapshot, want 1", got)
 	}
 	// Every site at its capacity with a queue: the snapshot sheds, and so
 	// does a view of it.
