@@ -210,8 +210,9 @@ func failureReason(class string) Reason {
 
 // StaleAfter is the stale window: the configured one, but never below the
 // readiness floor of one interval plus the longer of one interval or the
-// latest measured scrape pass, so a good sample stays valid until the next
-// non-overlapping pass can refresh it.
-func StaleAfter(configured, interval, lastPass time.Duration) time.Duration {
-	return max(configured, interval+max(interval, lastPass))
+// provider's latest measured scrape cycle (its tick to its scrape's end, a
+// wait for a place among the scrapes in flight included), so a good sample
+// stays valid until the next scrape can refresh it.
+func StaleAfter(configured, interval, lastCycle time.Duration) time.Duration {
+	return max(configured, interval+max(interval, lastCycle))
 }
