@@ -45,7 +45,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	format := fs.String("format", "text", "text (a table per phase mode, K and load), tsv (a line per cell) or ratio (each policy over weighted-rr in the same cell; --policies must include weighted-rr)")
 	quick := fs.Bool("quick", false, "a subset that runs in seconds: random phases, ages 0.5,2,10, 20000 requests")
 	plotPath := fs.String("plot", "", "also write a PNG of mean and p99 against staleness per policy (the first phase mode, K and load) to this file")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	if err := parseFlags(e, fs, args[1:]); err != nil {
 		return err
 	}
 	g, err := benchGrid(*sites, *loads, *gateways, *phases, *ages, *service, *scenario, *policies, *seeds, *seed, *requests)
@@ -185,7 +185,7 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	runs := fs.Int("runs", 1, "runs per cell; above one, each figure carries its 95% interval")
 	seed := fs.Uint64("seed", 7, "the workload's seed (run n adds n)")
 	format := fs.String("format", "text", "text (a table per scenario) or tsv (a line per scenario, router and run)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	cfg := sitebench.Config{Replicas: *replicas, Load: *load, Arrivals: sitebench.Arrivals(*arrivals), Warmup: *warmup, Duration: *duration,

@@ -29,7 +29,7 @@ func runCerts(_ context.Context, args []string, e *env) error {
 		fs := newFlagSet("certs init", e)
 		dir := fs.String("dir", "certs", "directory for ca.crt and ca.key")
 		td := fs.String("trust-domain", "grid.internal", "SPIFFE trust domain of the grid")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := parseFlags(e, fs, args[1:]); err != nil {
 			return err
 		}
 		if err := identity.Init(*dir, *td, time.Now()); err != nil {
@@ -43,7 +43,7 @@ func runCerts(_ context.Context, args []string, e *env) error {
 		site := fs.String("site", "", "site name (a DNS-1123 label)")
 		var dns stringList
 		fs.Var(&dns, "dns", "extra DNS SAN (repeatable), e.g. the in-cluster Service name")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := parseFlags(e, fs, args[1:]); err != nil {
 			return err
 		}
 		if *site == "" {
@@ -58,7 +58,7 @@ func runCerts(_ context.Context, args []string, e *env) error {
 	case "gossip-key":
 		fs := newFlagSet("certs gossip-key", e)
 		dir := fs.String("dir", "certs", "directory gossip.key is written to")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := parseFlags(e, fs, args[1:]); err != nil {
 			return err
 		}
 		file := filepath.Join(*dir, "gossip.key")

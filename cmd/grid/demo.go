@@ -17,7 +17,7 @@ func runDemo(ctx context.Context, args []string, e *env) error {
 	fs.Float64Var(&o.Rate, "rate", 0, "requests per second (0: 70% of the grid's capacity)")
 	fs.BoolVar(&o.NoStory, "no-story", false, "skip the scripted burst, outage and overload")
 	verbose := fs.Bool("verbose", false, "log what every component does (to stderr, under the view)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	switch {

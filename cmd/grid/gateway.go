@@ -22,7 +22,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	check := fs.Bool("check-config", false, "validate the configuration, load its certificates as a start would, and exit")
 	checkIdentity := fs.Bool("check-identity", true, "with --check-config: also load and check the certificate files (off where they exist only elsewhere, e.g. in a pod)")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "how long in-flight requests and streams get to finish on SIGTERM")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	cfg, err := config.LoadGateway(*file)

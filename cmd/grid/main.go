@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/grid-inference/grid/internal/buildinfo"
@@ -56,6 +57,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logFormat := global.String("log-format", "text", "log format: text or json")
 	version := global.Bool("version", false, "print the version and build information, and exit")
 	global.Usage = func() { usage(stderr, global) }
+	if helpAsked(args) {
+		global.Usage = func() { usage(stdout, global) } // asked for: on stdout
+	}
 	if err := global.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -131,7 +135,10 @@ func newFlagSet(name string, e *env) *flag.FlagSet {
 	return fs
 }
 
-func parseFlags(fs *flag.FlagSet, args []string) error {
+func parseFlags(e *env, fs *flag.FlagSet, args []string) error {
+	if helpAsked(args) {
+		fs.SetOutput(e.stdout) // asked for: help is the answer, on stdout
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -142,4 +149,18 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	return nil
+}
+
+// helpAsked reports whether args ask for help (-h, -help, --help) among
+// the flags, before any positional argument or "--".
+func helpAsked(args []string) bool {
+	for _, a := range args {
+		switch {
+		case a == "-h" || a == "-help" || a == "--help" || a == "--h":
+			return true
+		case a == "--" || !strings.HasPrefix(a, "-"):
+			return false
+		}
+	}
+	return false
 }

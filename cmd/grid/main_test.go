@@ -144,3 +144,21 @@ func TestDeprecatedKeyWarns(t *testing.T) {
 		t.Errorf("stderr %q: want a WARN naming the line and the new key", logged)
 	}
 }
+
+// TestHelpGoesToStdout: help asked for is the answer, on stdout, exit 0,
+// for grid and every command; a usage mistake goes to stderr, exit 2.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"gateway", "--help"}, {"operator", "-h"}, {"sim", "--help"},
+		{"status", "--help"}, {"demo", "--help"}, {"bench", "--help"}, {"bench", "routing", "--help"}, {"bench", "sites", "--help"}, {"certs", "init", "--help"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
+			t.Errorf("grid %v: exit %d, %d bytes on stdout, stderr %q; want exit 0 and help on stdout only", args, code, out.Len(), errOut.String())
+		}
+	}
+	for _, args := range [][]string{{"--bogus"}, {"gateway", "--bogus"}, {"bench", "sites", "--routers", "x"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 2 || out.Len() != 0 || errOut.Len() == 0 {
+			t.Errorf("grid %v: exit %d, stdout %q; want exit 2 and the complaint on stderr", args, code, out.String())
+		}
+	}
+}

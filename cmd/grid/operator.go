@@ -31,7 +31,7 @@ func runOperator(ctx context.Context, args []string, e *env) error {
 	fs.StringVar(&k.dataDir, "data-dir", "/var/run/grid", "with --kubernetes: where Secret keys and state are written (an emptyDir)")
 	fs.StringVar(&k.signalsListen, "signals-listen", "0.0.0.0:9091", "with --kubernetes: the mTLS signals listener")
 	fs.StringVar(&k.metricsListen, "metrics-listen", "0.0.0.0:9090", "with --kubernetes: the plain metrics listener")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	if k.enabled {

@@ -28,7 +28,7 @@ func runSim(ctx context.Context, args []string, e *env) error {
 	fs.StringVar(&o.MetricsToken, "metrics-token", "", "require Authorization: Bearer TOKEN on /metrics, as the EPP does by default")
 	fs.BoolVar(&o.FlowControl, "flow-control", false, "epp: hold requests in the EPP while every endpoint is busy, and export flow-control series")
 	fs.DurationVar(&o.RefreshInterval, "refresh-interval", time.Second, "epp: how often pool gauges are recomputed (the real EPP uses 5s)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	o.Logger = e.log.With("component", "sim", "kind", o.Kind)

@@ -14,7 +14,7 @@ import (
 func runStatus(ctx context.Context, args []string, e *env) error {
 	fs := newFlagSet("status", e)
 	target := fs.String("metrics", "http://127.0.0.1:9090", "base URL of an operator's or a gateway's plain metrics listener")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	base := *target
