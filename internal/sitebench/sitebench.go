@@ -175,13 +175,9 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	defer st.close()
 	slots := 0
 	var entries []string
-	var entrySite []string
 	for _, s := range sites {
 		slots += s.slots
 		entries = append(entries, s.replicas...)
-		for range s.replicas {
-			entrySite = append(entrySite, s.name)
-		}
 	}
 	warmup := cfg.Warmup
 	if sc == ColdStart {
