@@ -18,8 +18,8 @@ func TestHelpListsEveryCommand(t *testing.T) {
 		t.Fatalf("--help exited %d", code)
 	}
 	for name := range commands {
-		if !strings.Contains(errOut.String(), "\n  "+name+" ") {
-			t.Errorf("help does not list %q:\n%s", name, errOut.String())
+		if !strings.Contains(out.String(), "\n  "+name+" ") {
+			t.Errorf("help (on stdout) does not list %q:\n%s", name, out.String())
 		}
 	}
 }
