@@ -122,6 +122,10 @@ type Gateway struct {
 	// refreshMu serialises refreshes: the poll loop's, and a request's
 	// that found the snapshot too old after a failed wake poll.
 	refreshMu sync.Mutex
+	// modelsSeen maps each model a snapshot has held to the unix seconds
+	// it was first seen, /v1/models' "created"; written under refreshMu,
+	// swapped whole so requests read it without a lock.
+	modelsSeen atomic.Pointer[map[string]int64]
 
 	// The poll loop's WARN state, guarded by warnMu.
 	warnMu       sync.Mutex
@@ -629,8 +633,43 @@ func (g *Gateway) refresh() {
 		}
 	}
 	g.local.Store(localView(snap))
+	g.noteModels(snap)
 	g.m.publish(snap)
 	g.hist.record(g.View(), g.clk.Now())
+}
+
+// noteModels records when each of snap's models was first seen; refreshMu
+// is held. A model that leaves and returns keeps its first sighting.
+func (g *Gateway) noteModels(snap *route.Snapshot) {
+	seen := g.modelsSeen.Load()
+	var next map[string]int64
+	for _, m := range snap.Models() {
+		if seen != nil {
+			if _, ok := (*seen)[m]; ok {
+				continue
+			}
+		}
+		if next == nil {
+			next = map[string]int64{}
+			if seen != nil {
+				for k, v := range *seen {
+					next[k] = v
+				}
+			}
+		}
+		next[m] = g.clk.Now().Unix()
+	}
+	if next != nil {
+		g.modelsSeen.Store(&next)
+	}
+}
+
+// modelCreated is when model was first seen (unix seconds), 0 if never.
+func (g *Gateway) modelCreated(model string) int64 {
+	if seen := g.modelsSeen.Load(); seen != nil {
+		return (*seen)[model]
+	}
+	return 0
 }
 
 // localView is the snapshot restricted to this site's providers, for

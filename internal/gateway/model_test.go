@@ -3,10 +3,15 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/grid-inference/grid/internal/sim"
 )
 
 func TestModelOf(t *testing.T) {
@@ -205,4 +210,36 @@ func FuzzPromptHead(f *testing.F) {
 			t.Fatalf("head %q is not part of the body", h.prompt)
 		}
 	})
+}
+
+// TestModelsAnswerWhenFirstSeen: /v1/models and /v1/models/{id} answer a
+// model's created as when this gateway first saw a site serve it, which a
+// later rebuild keeps.
+func TestModelsAnswerWhenFirstSeen(t *testing.T) {
+	before := time.Now().Unix()
+	g := benchGateway(t, "http://127.0.0.1:9")
+	defer g.Close()
+	after := time.Now().Unix()
+	g.refresh()
+	created := func(path string) int64 {
+		rec := httptest.NewRecorder()
+		g.ClientHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		var one struct {
+			Created int64 `json:"created"`
+			Data    []struct {
+				Created int64 `json:"created"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &one); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, rec.Code, rec.Body.String())
+		}
+		if len(one.Data) == 1 {
+			return one.Data[0].Created
+		}
+		return one.Created
+	}
+	list, single := created("/v1/models"), created("/v1/models/"+sim.DefaultModel)
+	if list < before || list > after || single != list {
+		t.Errorf("created %d (list) and %d (one), want the first sighting, between %d and %d", list, single, before, after)
+	}
 }

@@ -157,7 +157,7 @@ func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": 0, "owned_by": "grid"})
+	json.NewEncoder(w).Encode(map[string]any{"id": id, "object": "model", "created": g.modelCreated(id), "owned_by": "grid"})
 }
 
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
@@ -168,7 +168,7 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	}
 	var data []map[string]any
 	for _, m := range g.view(fromPeer(r.Context())).Models() {
-		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "grid"})
+		data = append(data, map[string]any{"id": m, "object": "model", "created": g.modelCreated(m), "owned_by": "grid"})
 	}
 	if data == nil {
 		data = []map[string]any{}
