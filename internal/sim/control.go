@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sort"
@@ -208,7 +209,22 @@ func (s *Sim) setControl(c control) {
 		}
 	}
 	s.dispatchHeld()
-	s.log.Info("sim control changed", "state", fmt.Sprintf("%+v", c))
+	s.log.Info("sim control changed", "state", c)
+}
+
+// LogValue writes the control state as values: readyEndpoints as its number,
+// or "truth" when the EPP reports what its engines are.
+func (c control) LogValue() slog.Value {
+	ready := slog.StringValue("truth")
+	if c.ReadyEndpoints != nil {
+		ready = slog.IntValue(*c.ReadyEndpoints)
+	}
+	return slog.GroupValue(
+		slog.Attr{Key: "readyEndpoints", Value: ready},
+		slog.Float64("errorRate", c.ErrorRate), slog.String("metricsDelay", c.MetricsDelay),
+		slog.Bool("metricsHang", c.MetricsHang), slog.Bool("oversize", c.Oversize),
+		slog.Int("loadsStatus", c.LoadsStatus), slog.Int("slots", c.Slots),
+		slog.Int("endpoints", c.Endpoints), slog.Bool("down", c.Down))
 }
 
 func controlError(w http.ResponseWriter, msg string) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -836,5 +837,18 @@ func TestPrefixCacheShortensPrefill(t *testing.T) {
 				t.Errorf("/metrics lacks %s", want)
 			}
 		})
+	}
+}
+
+// TestControlLogShowsValues: a control change is logged with its values
+// (readyEndpoints 0, or "truth"), not pointers.
+func TestControlLogShowsValues(t *testing.T) {
+	var logged bytes.Buffer
+	_, srv := startSim(t, Options{Kind: KindEPP, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	setControl(t, srv, `{"readyEndpoints": 0}`)
+	setControl(t, srv, `{"readyEndpoints": null}`)
+	out := logged.String()
+	if !strings.Contains(out, "state.readyEndpoints=0") || !strings.Contains(out, "state.readyEndpoints=truth") || strings.Contains(out, "0x") {
+		t.Errorf("control log:\n%s\nwant readyEndpoints=0, then =truth, and no pointers", out)
 	}
 }
