@@ -13,11 +13,15 @@ import (
 // is read from period after each round, until ctx ends. A round that runs
 // long delays the next one; ticks never burst.
 func every(ctx context.Context, clk clock.Clock, period func() time.Duration, round func()) {
+	everyWhile(ctx, clk, period, func() bool { round(); return true })
+}
+
+// everyWhile is every until round reports false.
+func everyWhile(ctx context.Context, clk clock.Clock, period func() time.Duration, round func() bool) {
 	interval := period()
 	t := clk.NewTicker(interval)
 	defer t.Stop()
-	for {
-		round()
+	for round() {
 		if d := period(); d != interval {
 			interval = d
 			t.Reset(d)
@@ -158,33 +162,19 @@ func scrapeOffset(name string, interval time.Duration) time.Duration {
 // reads. A scrape that runs past the interval delays only p's next one;
 // ticks never burst.
 func (o *Operator) scrapeLoop(ctx context.Context, p *provider, acquire func(context.Context) (func(), bool)) {
-	cfg := o.cfg.Load()
-	interval := cfg.ScrapeIntervalOf(&p.cfg)
-	if !clock.Sleep(ctx, o.clk, scrapeOffset(p.cfg.Name, interval)) {
+	interval := func() time.Duration { return o.cfg.Load().ScrapeIntervalOf(p.currentConfig()) }
+	if !clock.Sleep(ctx, o.clk, scrapeOffset(p.cfg.Name, interval())) {
 		return
 	}
-	t := o.clk.NewTicker(interval)
-	defer t.Stop()
-	for {
+	everyWhile(ctx, o.clk, interval, func() bool {
 		tick := o.clk.Now()
 		release, ok := acquire(ctx)
 		if !ok {
-			return
+			return false
 		}
 		removed := o.scrape(ctx, p)
 		release()
 		p.cycle.Store(int64(o.clk.Now().Sub(tick)))
-		if removed {
-			return
-		}
-		if d := o.cfg.Load().ScrapeIntervalOf(p.currentConfig()); d != interval {
-			interval = d
-			t.Reset(d)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-	}
+		return !removed
+	})
 }

@@ -95,7 +95,7 @@ type provider struct {
 	// cycle is the time from the provider's latest scrape tick to that
 	// scrape's end (its wait for a place among the scrapes in flight
 	// included), ns: the readiness floor of its next scrape. Written by its
-	// scrape loop (or Pass), read under mu.
+	// scrape loop (or Pass), read by its next scrape's conclusion.
 	cycle atomic.Int64
 	// concluded is set by the first scrape's end; readiness reads it
 	// without waiting for a scrape that holds mu.
