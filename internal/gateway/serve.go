@@ -187,9 +187,8 @@ type exchange struct {
 	r *http.Request
 	// peer is the verified peer gateway a hop request came from; nil for
 	// a client's request.
-	peer  *signals.ServingPeer
-	start time.Time
-	turn  uint64
+	peer *signals.ServingPeer
+	turn uint64
 	// out is what goes upstream; model the model it asks for.
 	out   outbound
 	model string
@@ -204,11 +203,14 @@ type exchange struct {
 // nothing reached the upstream). Every outcome is counted by its label in
 // grid_gateway_request_duration_seconds.
 func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{g: g, w: w, r: r, peer: fromPeer(r.Context()), start: g.clk.Now()}
+	start := g.clk.Now()
+	// x stays on this goroutine's stack: nothing that outlives the handler
+	// (observe, a detached stream) holds it.
+	x := &exchange{g: g, w: w, r: r, peer: fromPeer(r.Context())}
 	g.touch()
 	outcome := "routed"
 	observe := func(outcome string) {
-		g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(x.start).Seconds())
+		g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
 	}
 	// stream: the answer goes on after this handler returns (detach.go),
 	// and is counted when it ends.
