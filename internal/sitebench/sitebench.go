@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
 )
 
 // Model is the model every sim serves.
@@ -223,16 +225,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			}
 		}
 		third := cfg.Duration / 3
-		at := func(d time.Duration) bool {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
+		at := func(d time.Duration) bool { return clock.Sleep(ctx, clock.Real{}, d) }
 		var eventErr error
 		switch sc {
 		case ExternalLoad:
