@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -641,20 +642,19 @@ func (g *Gateway) refresh() {
 // noteModels records when each of snap's models was first seen; refreshMu
 // is held. A model that leaves and returns keeps its first sighting.
 func (g *Gateway) noteModels(snap *route.Snapshot) {
-	seen := g.modelsSeen.Load()
-	var next map[string]int64
+	var seen map[string]int64
+	if p := g.modelsSeen.Load(); p != nil {
+		seen = *p
+	}
+	var next map[string]int64 // a copy, made once a model is new
 	for _, m := range snap.Models() {
-		if seen != nil {
-			if _, ok := (*seen)[m]; ok {
-				continue
-			}
+		if _, ok := seen[m]; ok {
+			continue
 		}
 		if next == nil {
-			next = map[string]int64{}
-			if seen != nil {
-				for k, v := range *seen {
-					next[k] = v
-				}
+			next = maps.Clone(seen)
+			if next == nil {
+				next = map[string]int64{}
 			}
 		}
 		next[m] = g.clk.Now().Unix()
@@ -681,13 +681,13 @@ func localView(s *route.Snapshot) *route.Snapshot {
 
 // awaitFresh waits, where it must, until the snapshots a request routes on
 // (Gateway.view) are fresh: built within the load window from a successful
-// read of the operator. Before the first
-// read it waits, bounded, for it, and refuses with operator_unreachable if
-// it does not come. After an idle period (no polls, so the snapshot kept
-// the readings of its last build) it waits for the wake poll, up to the poll
-// timeout; if that poll fails, the snapshot is rebuilt now, so readings older
-// than the load window count as unknown (never idle) rather than as the
-// present. The common case is one atomic load and a comparison.
+// read of the operator. Before the first read it waits, bounded, for it,
+// and refuses with operator_unreachable if it does not come. After an idle
+// period (no polls, so the snapshot kept the readings of its last build) it
+// waits for the wake poll, up to the poll timeout; if that poll fails, the
+// snapshot is rebuilt now, so readings older than the load window count as
+// unknown (never idle) rather than as the present. The common case is one
+// atomic load and a comparison.
 func (g *Gateway) awaitFresh(ctx context.Context) *apiError {
 	select {
 	case <-g.first:
