@@ -85,12 +85,20 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		d = DefaultServiceMs
 	}
 	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates))}
+	// A site's unit is asked of the pace once per build, not once per
+	// provider: SitePace reads both estimates' windows under their locks.
+	units := map[string]float64{}
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
-		a.unitMs = d
-		if v, ok := p.pace.SiteMs(c.Site); ok && v > 0 {
-			a.unitMs = v
+		unit, ok := units[c.Site]
+		if !ok {
+			unit = d
+			if v, ok := p.pace.SiteMs(c.Site); ok && v > 0 {
+				unit = v
+			}
+			units[c.Site] = unit
 		}
+		a.unitMs = unit
 		if c.latestAt == 0 {
 			continue
 		}
