@@ -203,7 +203,7 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	for _, name := range strings.Split(*routers, ",") {
 		i := slices.IndexFunc(sitebench.Routers, func(r sitebench.Router) bool { return r.Name == strings.TrimSpace(name) })
 		if i < 0 {
-			return bad("routers", fmt.Errorf("%q is not one of grid, grid:reference, nginx-wrr, nginx-least-conn", name))
+			return bad("routers", fmt.Errorf("%q is not one of %s", name, routerNames()))
 		}
 		cfg.Routers = append(cfg.Routers, sitebench.Routers[i])
 	}
@@ -239,6 +239,15 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 		sitebench.WriteTables(e.stdout, cfg, results)
 	}
 	return nil
+}
+
+// routerNames lists the routers --routers takes, from sitebench's table.
+func routerNames() string {
+	names := make([]string, len(sitebench.Routers))
+	for i, r := range sitebench.Routers {
+		names[i] = r.Name
+	}
+	return strings.Join(names, ", ")
 }
 
 func joinScenarios() string {
