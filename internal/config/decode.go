@@ -143,7 +143,7 @@ func checkKeys(file string, n *yaml.Node, t reflect.Type, path string, doc *docu
 			return // the decoder reports the type mismatch with its line
 		}
 		fields := yamlFields(t)
-		renamed := renamedFields(t)
+		renamed := renamedFields(fields)
 		seen := map[string]bool{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
@@ -213,11 +213,11 @@ func yamlFields(t reflect.Type) map[string]reflect.StructField {
 	return out
 }
 
-// renamedFields maps each old spelling of a renamed key of struct type t
-// (its field's `was` tag) to the key's name now.
-func renamedFields(t reflect.Type) map[string]string {
+// renamedFields maps each old spelling of a renamed key among fields (its
+// field's `was` tag) to the key's name now.
+func renamedFields(fields map[string]reflect.StructField) map[string]string {
 	out := map[string]string{}
-	for name, f := range yamlFields(t) {
+	for name, f := range fields {
 		if was := f.Tag.Get("was"); was != "" {
 			out[was] = name
 		}
