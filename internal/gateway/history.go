@@ -8,16 +8,22 @@ import (
 	"time"
 )
 
-// The dashboard's history: what the gateway believed of each site, one
-// point per snapshot rebuild (about one a second while it polls), for the
-// last five minutes, kept on the server so that a page opened late shows
-// them; with the refusals it answered, the time to first token it saw per
-// site, and notes (the demo's story). Bounded: historyPoints points,
-// historyNotes notes, ttftSamples samples per site between two points.
+// The dashboard's history: what the gateway believed of each site, at most
+// one point per historyStep (the snapshot of the first rebuild after a
+// step has passed, with what was counted since the previous point), for
+// the last historyWindow, kept on the server so that a page opened late
+// shows it; with the refusals it answered, the time to first token it saw
+// per site, and notes (the demo's story). Rebuilds come several times a
+// second under load, so the window is kept by time, not by a count of
+// rebuilds. Bounded: historyWindow/historyStep points, historyNotes notes,
+// ttftSamples samples per site between two points.
 const (
-	historyPoints = 300
+	historyWindow = 5 * time.Minute
+	historyStep   = time.Second
 	historyNotes  = 100
 	ttftSamples   = 256
+
+	historyMaxPoints = int(historyWindow/historyStep) + 1
 )
 
 // HistoryView is the JSON of GET /api/history.
@@ -94,10 +100,17 @@ func (h *history) refused(status int) {
 	}
 }
 
-// record appends the point of a view, closing the interval.
+// record appends the point of a view, closing the interval, unless the
+// previous point is less than historyStep old: then the interval stays
+// open and this view is not kept.
 func (h *history) record(v SnapshotView, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if n := len(h.points); n > 0 {
+		if since := at.UnixMilli() - h.points[n-1].AtMs; since >= 0 && since < historyStep.Milliseconds() {
+			return
+		}
+	}
 	p := HistoryPoint{AtMs: at.UnixMilli(), Sites: map[string]SitePoint{}, Shed: h.shed, Unavailable: h.unavl}
 	for _, c := range v.Sites {
 		if _, seen := p.Sites[c.Site]; seen {
@@ -112,9 +125,15 @@ func (h *history) record(v SnapshotView, at time.Time) {
 		p.Sites[c.Site] = sp
 	}
 	h.points = append(h.points, p)
-	if len(h.points) > historyPoints {
-		h.points = slices.Delete(h.points, 0, len(h.points)-historyPoints)
+	oldest := p.AtMs - historyWindow.Milliseconds()
+	drop := 0
+	for drop < len(h.points) && h.points[drop].AtMs < oldest {
+		drop++
 	}
+	// A wall clock set back keeps points the window cannot age out: the
+	// count bounds them too.
+	drop = max(drop, len(h.points)-historyMaxPoints)
+	h.points = slices.Delete(h.points, 0, drop)
 	for site, n := range v.Picks {
 		h.picks[site] = n
 	}
@@ -127,6 +146,12 @@ func (h *history) note(text string, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.notes = append(h.notes, HistoryNote{AtMs: at.UnixMilli(), Text: text})
+	oldest := at.UnixMilli() - historyWindow.Milliseconds()
+	drop := 0
+	for drop < len(h.notes) && h.notes[drop].AtMs < oldest {
+		drop++
+	}
+	h.notes = slices.Delete(h.notes, 0, drop)
 	if len(h.notes) > historyNotes {
 		h.notes = slices.Delete(h.notes, 0, len(h.notes)-historyNotes)
 	}
