@@ -210,7 +210,10 @@ func (g *Grid) startSite(ctx context.Context, specs []SiteSpec, all []addrs, i i
 	g.run(func() { op.ServeSignals(ctx, a.sigLn, operator.DefaultLimits, time.Second) })
 	g.serve(ctx, a.opMetLn, op.Handler())
 
-	gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\navailability: {shedding: true}\n",
+	// Shedding after 2 s of every site full, not the default 5 s: the
+	// demo's overload act shows shedding bound the queues, and a
+	// demo-sized grid's queues grow by a hundred requests a second.
+	gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\navailability: {shedding: true, full_after_ms: 2000}\n",
 		spec.Name, tlsBlock, a.clientAddr, a.hopAddr, a.gwMetAddr, a.sigAddr)
 	gwCfg, err := config.ParseGateway(spec.Name+" gateway", []byte(gwYAML))
 	if err != nil {

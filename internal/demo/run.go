@@ -36,6 +36,10 @@ type Options struct {
 	Log     *slog.Logger
 }
 
+// overload is the story's overload act's demand over what the grid has
+// shown it can serve.
+const overload = 1.6
+
 // meanTokens is the mean output length the load generator asks for.
 const meanTokens = 30
 
@@ -79,13 +83,15 @@ func Run(ctx context.Context, o Options) error {
 	if len(specs) == 1 {
 		sites = "site"
 	}
-	fmt.Fprintf(o.Out, "grid demo: %d %s, %d slots, %.0f req/s of streaming chat into %s's gateway at %s\n",
+	var opening strings.Builder
+	fmt.Fprintf(&opening, "grid demo: %d %s, %d slots, %.0f req/s of streaming chat into %s's gateway at %s\n",
 		len(specs), sites, capacity, rate, entry.Spec.Name, entry.ClientURL)
 	for _, s := range grid.Sites {
-		fmt.Fprintf(o.Out, "  %-8s %-7s %2d×%d slots  gateway %s  metrics %s/metrics  operator %s/metrics\n",
+		fmt.Fprintf(&opening, "  %-8s %-7s %2d×%d slots  gateway %s  metrics %s/metrics  operator %s/metrics\n",
 			s.Spec.Name, s.Spec.Kind, s.Spec.Endpoints, s.Spec.Slots, s.ClientURL, s.MetricsURL, s.OperatorMetricsURL)
 	}
-	fmt.Fprintf(o.Out, "dashboard: %s/ui\n\n", entry.MetricsURL)
+	fmt.Fprintf(&opening, "dashboard: %s/ui\n\n", entry.MetricsURL)
+	io.WriteString(o.Out, opening.String())
 
 	st := newStats()
 	lg := &loadGen{url: entry.ClientURL + "/v1/chat/completions", stats: st, rate: atomicFloat(rate)}
@@ -111,7 +117,7 @@ func Run(ctx context.Context, o Options) error {
 				log = log[len(log)-4:]
 			}
 		case <-t.C:
-			draw(o.Out, interactive, grid, st.interval(), time.Since(start), lg.rate.load(), log)
+			draw(o.Out, interactive, opening.String(), grid, st.interval(), time.Since(start), lg.rate.load(), log)
 		}
 	}
 	t.Stop()
@@ -277,22 +283,26 @@ func quantile(d []time.Duration, q float64) string {
 	return fmt.Sprintf("%dms", v.Milliseconds())
 }
 
-// draw renders the live view; it fits 80 columns.
-func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Duration, rate float64, log []string) {
+// draw renders the live view under the opening block (the addresses stay
+// on screen); it fits 80 columns. What the engines hold (RUN, WAIT, BUSY)
+// and what the entry gateway believes (CEILING, RHO) are separate
+// columns, and the legend says which is which.
+func draw(out io.Writer, interactive bool, opening string, g *Grid, w window, elapsed time.Duration, rate float64, log []string) {
 	var b strings.Builder
 	if interactive {
 		b.WriteString("\033[H\033[2J")
 	}
+	b.WriteString(opening)
 	entry := g.Sites[0]
-	fmt.Fprintf(&b, "grid demo  t=%3.0fs  load %3.0f req/s into %s  (Ctrl-C stops)\n", elapsed.Seconds(), rate, entry.Spec.Name)
-	fmt.Fprintf(&b, "dashboard %s/ui\n\n", entry.MetricsURL)
+	fmt.Fprintf(&b, "t=%3.0fs  load %3.0f req/s into %s  (Ctrl-C stops)\n\n", elapsed.Seconds(), rate, entry.Spec.Name)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "SITE\tSLOTS\tSTATE\tIN-FLIGHT\tCEILING\tRHO\tPICKS\tTTFT p50\tp99\t")
+	fmt.Fprintln(tw, "SITE\tSLOTS\tSTATE\tRUN\tWAIT\tBUSY\tCEILING\tRHO\tPICKS\tTTFT p50\tp99\t")
 	snap := entry.Gateway.Snapshot()
 	total := 0
 	for _, n := range w.picks {
 		total += n
 	}
+	var slots, running, waiting int
 	for _, s := range g.Sites {
 		c := candidate(snap, s.Spec.Name)
 		state, ceiling, rho := "unknown", "-", "-"
@@ -310,22 +320,29 @@ func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Durat
 		if snap.Shedding[sim.DefaultModel] {
 			state += "/shed"
 		}
-		inflight := 0
+		run, wait := 0, 0
 		for _, e := range s.Sim.Engines() {
 			l := e.Load()
-			inflight += l.Running + l.Waiting
+			run, wait = run+l.Running, wait+l.Waiting
 		}
+		slots, running, waiting = slots+s.Slots(), running+run, waiting+wait
 		share := "-"
 		if total > 0 {
 			share = fmt.Sprintf("%3.0f%%", 100*float64(w.picks[s.Spec.Name])/float64(total))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", s.Spec.Name, s.Slots(), state, inflight, ceiling, rho, share,
-			quantile(w.ttft[s.Spec.Name], 0.5), quantile(w.ttft[s.Spec.Name], 0.99))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Spec.Name, s.Slots(), state, run, wait,
+			busy(run, s.Slots()), ceiling, rho, share, quantile(w.ttft[s.Spec.Name], 0.5), quantile(w.ttft[s.Spec.Name], 0.99))
 	}
+	fmt.Fprintf(tw, "all\t%d\t\t%d\t%d\t%s\t\t\t\t%s\t%s\t\n", slots, running, waiting, busy(running, slots),
+		quantile(allTTFT(w), 0.5), quantile(allTTFT(w), 0.99))
 	tw.Flush()
-	fmt.Fprintf(&b, "RHO = in-flight / learned CEILING (the most seen running at once)\n")
-	fmt.Fprintf(&b, "\nlast second: %d served, %d shed (429), %d unavailable (503), %d errors\n",
-		w.outcomes["ok"], w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
+	fmt.Fprintf(&b, "At the engines now: RUN running, WAIT queued, BUSY = RUN / SLOTS.\n")
+	fmt.Fprintf(&b, "What %s's gateway believes: CEILING, the most it has seen a site run at\n", entry.Spec.Name)
+	fmt.Fprintf(&b, "once; RHO, its smoothed load over that ceiling (near 1 before BUSY is).\n")
+	fmt.Fprintf(&b, "Last second through %s: PICKS, each site's share; TTFT, time to first token.\n", entry.Spec.Name)
+	fmt.Fprintf(&b, "\nlast second: %d served, their TTFT p50 %s p99 %s\n", w.outcomes["ok"], quantile(allTTFT(w), 0.5), quantile(allTTFT(w), 0.99))
+	fmt.Fprintf(&b, "             %d shed (429), %d unavailable (503), %d errors\n",
+		w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
 	for _, l := range log {
 		fmt.Fprintln(&b, "  "+l)
 	}
@@ -333,6 +350,23 @@ func draw(out io.Writer, interactive bool, g *Grid, w window, elapsed time.Durat
 		b.WriteString("\n")
 	}
 	io.WriteString(out, b.String())
+}
+
+// busy is running over slots as a whole percentage.
+func busy(running, slots int) string {
+	if slots == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(running)/float64(slots))
+}
+
+// allTTFT is every site's time to first token of a window, together.
+func allTTFT(w window) []time.Duration {
+	var all []time.Duration
+	for _, d := range w.ttft {
+		all = append(all, d...)
+	}
+	return all
 }
 
 func candidate(s *route.Snapshot, site string) *route.Candidate {
@@ -453,11 +487,14 @@ func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<
 	}
 	// Overload on what the grid has shown it can hold, not on its nominal
 	// slots: a loaded machine serves slower than the model assumes, and
-	// the act must overload the grid as it is.
-	over := 2.5 * max(rate, learnedCapacity(g)/meanDuration().Seconds())
-	say(fmt.Sprintf("demand rises to %.0f req/s, 2.5× what the grid has shown it can serve: watch it shed (429)", over))
+	// the act must overload the grid as it is. Half again that is an
+	// overload every site feels; the gateways shed (full_after_ms 2 s, in
+	// grid.go) before the queues grow long, so the admitted requests'
+	// time to first token recovers while the excess is refused.
+	over := overload * max(rate, learnedCapacity(g)/meanDuration().Seconds())
+	say(fmt.Sprintf("demand rises to %.0f req/s, %.1f× what the grid has served: watch it shed", over, overload))
 	lg.rate.store(over)
-	if !at(17 * time.Second) {
+	if !at(15 * time.Second) {
 		return
 	}
 	lg.rate.store(rate)
