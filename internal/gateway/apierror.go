@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 )
 
@@ -45,6 +46,14 @@ var apiErrors = []apiError{
 	errModelRequired, errBadBody, errTooLarge, errBodyTimeout, errShed, errNoHealthySite,
 	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden, errOperatorUnreachable,
 	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed, errBodyBudget,
+}
+
+// about is e with a message that names what the refusal is about (the model
+// asked for, the site tried), so that a client's log says it without the
+// request beside it. The table's message is the generic form.
+func (e apiError) about(format string, args ...any) apiError {
+	e.Message = fmt.Sprintf(format, args...)
+	return e
 }
 
 // retryAfter spreads clients' retries over 3 to 7 seconds.

@@ -32,8 +32,10 @@ import (
 // gateway tries elsewhere as it would for a refused connection.
 func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detachedStream) {
 	g := x.g
+	var tried [2]string
 	for try := 0; try < 2; try++ {
 		c := pick.Candidate
+		tried[try] = c.Site
 		reason := "routed"
 		if pick.Outcome == route.Fallback {
 			reason = "fallback"
@@ -64,7 +66,13 @@ func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detached
 		}
 	}
 	x.notDelivered()
-	errUpstreamUnreachable.write(x.w, x.turn)
+	unreachable := errUpstreamUnreachable.about("site %q could not be reached", tried[0])
+	if tried[1] == tried[0] {
+		unreachable = errUpstreamUnreachable.about("site %q could not be reached (two of its providers tried)", tried[0])
+	} else if tried[1] != "" {
+		unreachable = errUpstreamUnreachable.about("site %q could not be reached, nor site %q after it", tried[0], tried[1])
+	}
+	unreachable.write(x.w, x.turn)
 	return "upstream_error", affinity.Binding{}, nil
 }
 

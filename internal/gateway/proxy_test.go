@@ -337,3 +337,41 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// TestRefusalsNameWhatTheyAreAbout: an error body says which model was
+// asked for (and where the served ones are listed), and which site could
+// not be reached, so a client's log tells the story without the request.
+func TestRefusalsNameWhatTheyAreAbout(t *testing.T) {
+	g := gatewayWithEastPool(t) // its upstream, 127.0.0.1:9, refuses connections
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		says               []string
+	}{
+		{"POST", "/v1/chat/completions", `{"model":"llama-nobody-serves"}`, 404, []string{`"llama-nobody-serves"`, "GET /v1/models"}},
+		{"GET", "/v1/models/llama-nobody-serves", "", 404, []string{`"llama-nobody-serves"`, "GET /v1/models"}},
+		{"POST", "/v1/chat/completions", `{"model":"` + sim.DefaultModel + `","max_tokens":1}`, 502, []string{`site "east" could not be reached`}},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s %s %s: %d %q, want %d", tc.method, tc.path, tc.body, resp.StatusCode, got.Error.Message, tc.status)
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(got.Error.Message, s) {
+				t.Errorf("%s %s %s: message %q does not say %q", tc.method, tc.path, tc.body, got.Error.Message, s)
+			}
+		}
+	}
+}

@@ -153,7 +153,7 @@ func (g *Gateway) serveModel(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	if !slices.Contains(g.view(fromPeer(r.Context())).Models(), id) {
-		errModelNotFound.write(w, 0)
+		modelNotFound(id).write(w, 0)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -283,7 +283,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if pick.Outcome != route.Shed {
 			x.notDelivered()
 		}
-		outcome = g.refusePick(w, pick.Outcome, x.turn)
+		outcome = g.refusePick(w, x.model, pick.Outcome, x.turn)
 		return
 	}
 	outcome, served, detached := x.deliver(pick)
@@ -381,26 +381,33 @@ const (
 	bodyAllowance = 64 << 10
 )
 
-// refusePick answers a pick that carries no candidate and counts it.
-func (g *Gateway) refusePick(w http.ResponseWriter, o route.Outcome, turn uint64) string {
+// refusePick answers a pick for model that carries no candidate and counts
+// it.
+func (g *Gateway) refusePick(w http.ResponseWriter, model string, o route.Outcome, turn uint64) string {
 	switch o {
 	case route.Shed:
 		g.m.decisions.WithLabelValues("", "", "shed").Inc()
 		g.hist.refused(http.StatusTooManyRequests)
-		errShed.write(w, turn)
+		errShed.about("every site serving model %q is at capacity", model).write(w, turn)
 		return "shed"
 	case route.NotReady:
 		g.m.decisions.WithLabelValues("", "", "not_ready").Inc()
 		g.hist.refused(http.StatusServiceUnavailable)
-		errNoHealthySite.write(w, turn)
+		errNoHealthySite.about("no site serving model %q is ready now", model).write(w, turn)
 		return "not_ready"
 	case route.UnknownModel:
 		g.m.decisions.WithLabelValues("", "", "bad_request").Inc()
-		errModelNotFound.write(w, turn)
+		modelNotFound(model).write(w, turn)
 		return "model_not_found"
 	default:
 		g.m.decisions.WithLabelValues("", "", "no_route").Inc()
-		errNoRoute.write(w, turn)
+		errNoRoute.about("no route reaches the sites serving model %q", model).write(w, turn)
 		return "no_route"
 	}
+}
+
+// modelNotFound is the 404 for a model no site serves, pointing to the
+// list of those served.
+func modelNotFound(model string) apiError {
+	return errModelNotFound.about("no site serves model %q; GET /v1/models lists the models this gateway routes", model)
 }
