@@ -72,9 +72,10 @@ func TestExitCodes(t *testing.T) {
 
 // TestCheckConfigLoadsCertificates: --check-config loads the certificate
 // material as a start would: a missing certificate, a garbage one, and one
-// paired with another site's key are each refused with the file named; a
-// whole set passes and says when it expires. Relative paths are read
-// against the configuration file's directory.
+// paired with another site's key are each refused naming the file, its
+// configuration key and line (both files and both keys for a key that is
+// not the certificate's); a whole set passes and says when it expires.
+// Relative paths are read against the configuration file's directory.
 func TestCheckConfigLoadsCertificates(t *testing.T) {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
@@ -87,25 +88,29 @@ func TestCheckConfigLoadsCertificates(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(certs, "garbage.crt"), []byte("not a certificate"), 0o600)
+	path := filepath.Join(dir, "east-gateway.yaml")
 	write := func(cert, key string) string {
-		path := filepath.Join(dir, "east-gateway.yaml")
-		os.WriteFile(path, []byte(fmt.Sprintf("site: east\ntls: {ca: certs/ca.crt, cert: certs/%s, key: certs/%s}\noperator: {signals: \"https://127.0.0.1:9091\"}\n", cert, key)), 0o600)
+		os.WriteFile(path, []byte(fmt.Sprintf("site: east\ntls:\n  ca: certs/ca.crt\n  cert: certs/%s\n  key: certs/%s\noperator: {signals: \"https://127.0.0.1:9091\"}\n", cert, key)), 0o600)
 		return path
 	}
+	certAt, keyAt := "tls.cert at "+path+":4", "tls.key at "+path+":5"
 	for _, tc := range []struct {
-		cert, key, want string
-		code            int
+		cert, key string
+		want      []string
+		code      int
 	}{
-		{"east.crt", "east.key", "certificate valid until", 0},
-		{"missing.crt", "east.key", "missing.crt", 1},
-		{"garbage.crt", "east.key", "garbage.crt", 1},
-		{"east.crt", "west.key", "east.crt", 1},
-		{"west.crt", "west.key", "west", 1},
+		{"east.crt", "east.key", []string{"certificate valid until"}, 0},
+		{"missing.crt", "east.key", []string{certAt + ": ", "missing.crt"}, 1},
+		{"garbage.crt", "east.key", []string{certAt + ": ", "garbage.crt"}, 1},
+		{"east.crt", "west.key", []string{keyAt + ": ", "west.key is not the key of the certificate", "east.crt (" + certAt + ")"}, 1},
+		{"west.crt", "west.key", []string{certAt + ": ", "names spiffe://grid.internal/site/west"}, 1},
 	} {
 		var out, errOut bytes.Buffer
 		code := run([]string{"gateway", "--config", write(tc.cert, tc.key), "--check-config"}, &out, &errOut)
-		if code != tc.code || !strings.Contains(out.String()+errOut.String(), tc.want) {
-			t.Errorf("cert %s key %s: exit %d, %q %q; want exit %d naming %q", tc.cert, tc.key, code, out.String(), errOut.String(), tc.code, tc.want)
+		for _, want := range tc.want {
+			if code != tc.code || !strings.Contains(out.String()+errOut.String(), want) {
+				t.Errorf("cert %s key %s: exit %d, %q %q; want exit %d naming %q", tc.cert, tc.key, code, out.String(), errOut.String(), tc.code, want)
+			}
 		}
 	}
 }

@@ -44,6 +44,7 @@ func finishOperator(doc *document, c *Operator, dir string) (*Operator, error) {
 	if dir != "" {
 		c.resolvePaths(dir)
 	}
+	c.TLS.locate(doc, "tls")
 	if err := c.validate(doc); err != nil {
 		return nil, fmt.Errorf("invalid operator config:\n%w", err)
 	}
@@ -76,6 +77,7 @@ func finishGateway(doc *document, c *Gateway) (*Gateway, error) {
 		c.Deprecated = doc.deprecated
 	}
 	c.applyDefaults()
+	c.TLS.locate(doc, "tls")
 	if err := c.validate(doc); err != nil {
 		return nil, fmt.Errorf("invalid gateway config:\n%w", err)
 	}

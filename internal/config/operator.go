@@ -5,6 +5,7 @@
 package config
 
 import (
+	"fmt"
 	"slices"
 	"time"
 )
@@ -59,6 +60,35 @@ type TLS struct {
 	// ReloadInterval is how often the files are re-read, so a renewed
 	// certificate is used for new connections without a restart.
 	ReloadInterval Duration `yaml:"reloadInterval"`
+	// At says where each file was named, for errors about the file: the
+	// key's path and its line ("tls.cert at east.yaml:4"). Not part of
+	// what the block means (SameFiles ignores it).
+	At TLSAt `yaml:"-"`
+}
+
+// TLSAt is where a TLS block's files were named.
+type TLSAt struct{ CA, Cert, Key string }
+
+// SameFiles reports whether t and o name the same files and reload them
+// alike, wherever in their configuration files they were named.
+func (t TLS) SameFiles(o TLS) bool {
+	t.At, o.At = TLSAt{}, TLSAt{}
+	return t == o
+}
+
+// locate records where the block's keys are, under path ("tls").
+func (t *TLS) locate(doc *document, path string) {
+	if t == nil || doc == nil {
+		return
+	}
+	at := func(key string) string {
+		k := path + "." + key
+		if l, ok := doc.lines[k]; ok {
+			return fmt.Sprintf("%s at %s:%d", k, doc.file, l)
+		}
+		return k
+	}
+	t.At = TLSAt{CA: at("ca"), Cert: at("cert"), Key: at("key")}
 }
 
 // DefaultTLSReloadInterval is how often certificate files are re-read.

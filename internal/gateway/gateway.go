@@ -241,7 +241,7 @@ func settings(cfg *config.Gateway, serving *signals.Serving) route.Settings {
 func (g *Gateway) Reload(next *config.Gateway) error {
 	cur := g.cfg.Load()
 	if next.Site != cur.Site || next.Listen != cur.Listen || next.Hop != cur.Hop || next.Metrics != cur.Metrics ||
-		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || *next.TLS != *cur.TLS || next.Upstream != cur.Upstream {
+		next.Operator != cur.Operator || next.TrustDomain != cur.TrustDomain || !next.TLS.SameFiles(*cur.TLS) || next.Upstream != cur.Upstream {
 		return errors.New("site, trustDomain, tls, operator, upstream and listeners cannot change on reload; restart the gateway")
 	}
 	if next.Limits.HeaderReadTimeout != cur.Limits.HeaderReadTimeout || next.Limits.ClientIdleTimeout != cur.Limits.ClientIdleTimeout {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,19 +100,19 @@ func (s *Source) Reload() (changed bool, err error) {
 	if same {
 		return false, nil
 	}
-	svid, err := x509svid.Load(s.files.Cert, s.files.Key)
+	svid, err := s.loadSVID()
 	if err != nil {
-		return false, fmt.Errorf("load site certificate %s: %w", s.files.Cert, err)
+		return false, err
 	}
 	if svid.ID != s.id {
-		return false, fmt.Errorf("certificate %s names %s, but this is %s", s.files.Cert, svid.ID, s.id)
+		return false, fmt.Errorf("%s: certificate %s names %s, but this is %s", s.where("cert"), s.files.Cert, svid.ID, s.id)
 	}
 	bundle, err := x509bundle.Load(s.td, s.files.CA)
 	if err != nil {
-		return false, fmt.Errorf("load grid CA %s: %w", s.files.CA, err)
+		return false, fmt.Errorf("%s: load grid CA %s: %w", s.where("ca"), s.files.CA, err)
 	}
 	if _, _, err := x509svid.Verify(svid.Certificates, bundle); err != nil {
-		return false, fmt.Errorf("certificate %s does not chain to the grid CA %s: %w", s.files.Cert, s.files.CA, err)
+		return false, fmt.Errorf("%s: certificate %s does not chain to the grid CA %s (%s): %w", s.where("cert"), s.files.Cert, s.files.CA, s.where("ca"), err)
 	}
 	sum := sha256.Sum256(svid.Certificates[0].Raw)
 	s.mu.Lock()
@@ -125,15 +126,52 @@ func (s *Source) Reload() (changed bool, err error) {
 
 func (s *Source) readAll() ([]byte, error) {
 	var all []byte
-	for _, f := range []string{s.files.CA, s.files.Cert, s.files.Key} {
-		b, err := os.ReadFile(f)
+	for _, f := range []struct{ key, file string }{{"ca", s.files.CA}, {"cert", s.files.Cert}, {"key", s.files.Key}} {
+		b, err := os.ReadFile(f.file)
 		if err != nil {
-			return nil, fmt.Errorf("read identity: %w", err)
+			return nil, fmt.Errorf("%s: read identity: %w", s.where(f.key), err)
 		}
 		all = append(all, b...)
 		all = append(all, 0)
 	}
 	return all, nil
+}
+
+// loadSVID reads the certificate and its key, with an error naming the
+// configuration key (and line) of the file at fault, and both files when
+// the key is not the certificate's.
+func (s *Source) loadSVID() (*x509svid.SVID, error) {
+	cert, err := os.ReadFile(s.files.Cert)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read site certificate: %w", s.where("cert"), err)
+	}
+	key, err := os.ReadFile(s.files.Key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read site key: %w", s.where("key"), err)
+	}
+	svid, err := x509svid.Parse(cert, key)
+	if err == nil {
+		return svid, nil
+	}
+	// x509svid says which part failed only in its message.
+	switch msg := err.Error(); {
+	case strings.Contains(msg, "does not match private key"):
+		return nil, fmt.Errorf("%s: the key %s is not the key of the certificate %s (%s)", s.where("key"), s.files.Key, s.files.Cert, s.where("cert"))
+	case strings.Contains(msg, "private key"):
+		return nil, fmt.Errorf("%s: load site key %s: %w", s.where("key"), s.files.Key, err)
+	default:
+		return nil, fmt.Errorf("%s: load site certificate %s: %w", s.where("cert"), s.files.Cert, err)
+	}
+}
+
+// where names the configuration key of one of the files ("ca", "cert",
+// "key"), with its line when the configuration came from a file.
+func (s *Source) where(key string) string {
+	at := map[string]string{"ca": s.files.At.CA, "cert": s.files.At.Cert, "key": s.files.At.Key}[key]
+	if at == "" {
+		return "tls." + key
+	}
+	return at
 }
 
 // Run re-reads the files every interval until ctx ends. A failed read keeps

@@ -401,7 +401,7 @@ func (o *Operator) Reload(next *config.Operator) error {
 	defer o.reloadMu.Unlock()
 	cur := o.cfg.Load()
 	if next.Site != cur.Site || next.Signals != cur.Signals || next.Metrics != cur.Metrics || next.StateDir != cur.StateDir ||
-		next.TrustDomain != cur.TrustDomain || (next.TLS == nil) != (cur.TLS == nil) || (next.TLS != nil && *next.TLS != *cur.TLS) {
+		next.TrustDomain != cur.TrustDomain || (next.TLS == nil) != (cur.TLS == nil) || (next.TLS != nil && !next.TLS.SameFiles(*cur.TLS)) {
 		return fmt.Errorf("site, trustDomain, tls, signals, metrics and stateDir cannot change on reload; restart the operator")
 	}
 	if err := o.state.Reconcile(next.Providers); err != nil {
