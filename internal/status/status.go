@@ -157,14 +157,22 @@ func (r *Report) peer(name string) *peerRow {
 func (r *Report) Write(w io.Writer, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(r.routes) > 0 {
-		fmt.Fprintln(tw, "ROUTE\tPROVIDER\tRHO\tCEILING\tWEIGHT\tQUEUE\tPICKS")
+		fmt.Fprintln(tw, "ROUTE\tPROVIDER\tSTATE\tRHO\tCEILING\tWEIGHT\tQUEUE\tPICKS")
 		for _, rr := range inKeyOrder(r.routes) {
-			score := num(rr.score)
-			if rr.score != nil && math.IsNaN(*rr.score) {
-				score = "excluded"
+			state, queue := "-", num(rr.score)
+			switch {
+			case rr.score != nil && math.IsNaN(*rr.score):
+				state, queue = "excluded", "-"
+			case rr.score != nil:
+				state = "routed"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", rr.site, rr.cluster, num2(rr.rho), num(rr.ceiling), num(rr.weight), score, rr.picks)
+			if math.IsInf(ptrOr(rr.score, 0), 1) {
+				queue = "-" // the route reports no queue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", rr.site, rr.cluster, state, num2(rr.rho), num(rr.ceiling), num(rr.weight), queue, rr.picks)
 		}
+		fmt.Fprintln(tw, "(PICKS: requests this gateway sent to the route since it started,")
+		fmt.Fprintln(tw, " those that came from peer gateways over the hop included)")
 		if len(r.shedding) > 0 {
 			slices.Sort(r.shedding)
 			fmt.Fprintf(tw, "\nSHEDDING\t%s\n", strings.Join(r.shedding, ", "))
@@ -209,6 +217,13 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 		fmt.Fprintf(tw, "\nGATEWAY AGES\t%s\n", state)
 	}
 	return tw.Flush()
+}
+
+func ptrOr(v *float64, or float64) float64 {
+	if v == nil {
+		return or
+	}
+	return *v
 }
 
 func num(v *float64) string {
