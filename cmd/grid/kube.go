@@ -64,7 +64,7 @@ func runKubeOperator(ctx context.Context, k kubeFlags, drain time.Duration, e *e
 	if err != nil {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
-	tr := &kube.Translator{Reader: mgr.GetClient(), Namespace: k.namespace, Dir: k.dataDir,
+	tr := &kube.Translator{Reader: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Namespace: k.namespace, Dir: k.dataDir,
 		Base: config.Operator{Signals: config.Listener{Listen: k.signalsListen}, Metrics: config.Listener{Listen: k.metricsListen}}}
 	var running atomic.Pointer[operator.Operator]
 	ctl := &kube.Controller{Translator: tr, Log: log, Apply: func(cfg *config.Operator) error {

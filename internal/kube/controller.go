@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -24,8 +23,9 @@ import (
 const resyncInterval = 30 * time.Second
 
 // Controller keeps the operator's configuration in step with its
-// namespace's Grid resources and the Secrets they reference: every change
-// is one reconcile of the whole namespace (it is one configuration), which
+// namespace's Grid resources and the Secrets they reference (re-read at
+// every reconcile, at least every resyncInterval: they are not watched, see
+// Translator.Secrets): every change is one reconcile of the whole namespace (it is one configuration), which
 // is translated and applied as a file-mode reload would be, validated whole
 // first, so a rejected change alters nothing.
 type Controller struct {
@@ -64,6 +64,5 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&gridv1.GridNetwork{}, whole, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&gridv1.GridSite{}, whole, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&gridv1.InferenceProvider{}, whole, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Secret{}, whole).
 		Complete(c)
 }

@@ -32,7 +32,15 @@ var ErrNoNetwork = errors.New("no GridNetwork in the namespace")
 // identity reloads renewed certificates from there, scrapes read bearer
 // tokens, the gossip key is read at start.
 type Translator struct {
-	Reader    client.Reader
+	// Reader reads the Grid resources (the manager's cache).
+	Reader client.Reader
+	// Secrets reads the Secrets the resources name, one GET by name each
+	// (the manager's API reader, uncached): no list or watch of the
+	// namespace's Secrets, so the operator's Role grants get on those
+	// names only, and no other Secret is held in memory. A rotated Secret
+	// is read at the next reconcile (every resyncInterval at most). Nil
+	// means Reader.
+	Secrets   client.Reader
 	Namespace string
 	// Dir receives the Secrets' keys and the operator's state directory.
 	Dir string
@@ -162,7 +170,11 @@ func (t *Translator) Wait(ctx context.Context, log *slog.Logger, startup *Startu
 // certificate), and returns the path.
 func (t *Translator) secretFile(ctx context.Context, ref gridv1.SecretKeyRef, name string) (string, error) {
 	var s corev1.Secret
-	if err := t.Reader.Get(ctx, client.ObjectKey{Namespace: t.Namespace, Name: ref.Name}, &s); err != nil {
+	secrets := t.Secrets
+	if secrets == nil {
+		secrets = t.Reader
+	}
+	if err := secrets.Get(ctx, client.ObjectKey{Namespace: t.Namespace, Name: ref.Name}, &s); err != nil {
 		return "", fmt.Errorf("secret %s/%s: %w", t.Namespace, ref.Name, err)
 	}
 	data, ok := s.Data[ref.Key]
