@@ -11,10 +11,15 @@ import (
 // otherwise the module version, or "devel".
 var Version = ""
 
+// Revision is the VCS revision set at link time, for builds without the
+// repository's metadata (an image build, where .git is not sent); the Go
+// toolchain's vcs.revision wins when both exist.
+var Revision = ""
+
 // String describes the build on one line: version, VCS revision, Go version
 // and platform.
 func String() string {
-	v, rev, built := Version, "", ""
+	v, rev, built := Version, Revision, ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 			v = bi.Main.Version
