@@ -154,6 +154,20 @@ func (f *Fake) Set(t time.Time) {
 	f.Advance(d)
 }
 
+// Waiters is how many timers and tickers are active: a test waits for the
+// goroutines it started to be waiting on the clock before advancing it.
+func (f *Fake) Waiters() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, w := range f.waiters {
+		if w.active {
+			n++
+		}
+	}
+	return n
+}
+
 // NewTimer implements Clock.
 func (f *Fake) NewTimer(d time.Duration) Timer {
 	return &fakeTimer{f: f, w: f.add(d, 0)}

@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -22,6 +25,8 @@ type fakeOperator struct {
 	status int
 	ack    func(signals.Report, http.Header)
 	delay  time.Duration
+	// during runs after a report is read and before it is answered.
+	during func(signals.Report)
 }
 
 func (f *fakeOperator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,8 +38,11 @@ func (f *fakeOperator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.got = append(f.got, rep)
-	status, ack, delay := f.status, f.ack, f.delay
+	status, ack, delay, during := f.status, f.ack, f.delay, f.during
 	f.mu.Unlock()
+	if during != nil {
+		during(rep)
+	}
 	time.Sleep(delay)
 	if ack == nil {
 		ack = func(rep signals.Report, h http.Header) {
@@ -110,19 +118,51 @@ func TestReporterStateMachine(t *testing.T) {
 	}
 }
 
+// TestReporterLateAckOfCleanKeepsNewerBad: the operator acknowledges a
+// clean report after the gateway has folded newer bad evidence (while the
+// clean one was in flight); that acknowledgment, matching the report it
+// answers, does not clear the bad one, which is delivered next.
 func TestReporterLateAckOfCleanKeepsNewerBad(t *testing.T) {
 	r := newReporter()
-	r.fold(0) // clean, seq 1
-	clean := *r.pending
-	r.fold(4) // bad, seq 2
-	// The ack of the clean report arrives now: it must not clear the bad.
-	r.mu.Lock()
-	if r.pending != nil && r.pending.Sequence == clean.Sequence {
-		r.pending = nil
+	op := &fakeOperator{}
+	op.during = func(rep signals.Report) {
+		if rep.Observed == signals.ObservedClean {
+			r.fold(4) // bad evidence arrives while the clean report is in flight
+		}
 	}
-	r.mu.Unlock()
+	srv := httptest.NewServer(op)
+	defer srv.Close()
+	r.fold(0) // clean, sequence 1
+	if reason := r.deliver(context.Background(), srv.Client(), srv.URL); reason != "" {
+		t.Fatalf("delivery of the clean report: %q", reason)
+	}
 	if !r.pendingBad() {
-		t.Fatal("a late ack of an old clean report cleared newer bad evidence")
+		t.Fatal("the late acknowledgment of an old clean report cleared newer bad evidence")
+	}
+	if reason := r.deliver(context.Background(), srv.Client(), srv.URL); reason != "" || r.pending != nil {
+		t.Fatalf("the bad report: %q, pending %+v", reason, r.pending)
+	}
+	if len(op.got) != 2 || op.got[1].Observed != signals.ObservedBad || op.got[1].Sequence != 2 {
+		t.Errorf("reports delivered %+v, want the clean one then the bad one", op.got)
+	}
+}
+
+// TestReporterTransportFailure: an operator that cannot be reached is a
+// transport failure, told apart from one that answers with a bad status.
+func TestReporterTransportFailure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	r := newReporter()
+	r.fold(2)
+	if reason := r.deliver(context.Background(), http.DefaultClient, closed); reason != "transport" {
+		t.Errorf("delivery to a closed port: reason %q, want transport", reason)
+	}
+	if !r.pendingBad() {
+		t.Error("a failed delivery dropped the bad evidence")
 	}
 }
 
@@ -149,4 +189,41 @@ func FuzzDecodeReport(f *testing.F) {
 			t.Fatalf("accepted %+v", rep)
 		}
 	})
+}
+
+// TestFailedPollStillDeliversBadEvidence: bad evidence waiting for its
+// acknowledgment is retried after a poll that failed (the operator's relay
+// answered 500) as after a good one: the operator must hear of skew drops
+// even while its relay fails, and the report is cleared once acknowledged.
+func TestFailedPollStillDeliversBadEvidence(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, id := newTestGateway(t, "https://"+ln.Addr().String())
+	defer g.Close()
+	op := &fakeOperator{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == signals.FeedbackPath {
+			op.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "relay broken", http.StatusInternalServerError)
+	}), ErrorLog: log.New(io.Discard, "", 0)}
+	go srv.Serve(tls.NewListener(ln, id.ServerTLS()))
+	defer srv.Close()
+
+	g.rep.fold(3) // skew drops an earlier poll saw, not yet acknowledged
+	if g.Poll(context.Background()) {
+		t.Fatal("the poll of a relay answering 500 succeeded")
+	}
+	op.mu.Lock()
+	got := op.got
+	op.mu.Unlock()
+	if len(got) != 1 || got[0].Observed != signals.ObservedBad || got[0].SkewTotal != 3 {
+		t.Fatalf("reports delivered after the failed poll: %+v, want the bad one", got)
+	}
+	if g.rep.pendingBad() {
+		t.Error("the acknowledged bad report is still pending")
+	}
 }

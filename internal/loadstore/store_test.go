@@ -223,3 +223,45 @@ func TestForget(t *testing.T) {
 		t.Errorf("after forgetting, refused %v, keys %d", res.Refused, len(full.Keys()))
 	}
 }
+
+// TestIdentityAndLearningGate: a new configuration generation or provider
+// uid in the same publisher epoch is a new provider identity (learning
+// starts over); a batch without metadata is read but teaches nothing; the
+// same complete publication again keeps what was held, learnable, with its
+// first sample's time (docs/protocol.md §4.9).
+func TestIdentityAndLearningGate(t *testing.T) {
+	s := New(time.Minute)
+	k := Key{"e", "a"}
+	view := func() View { v, _ := s.View(k); return v }
+	batch := func(generation float64, uid string, seq, stamp int64, withMeta bool) Result {
+		body := line(signals.InFlight, "e", "a", 3, stamp)
+		if withMeta {
+			body += line(signals.ConfigGeneration, "e", "a", generation, stamp,
+				`batch_samples="1"`, fmt.Sprintf(`batch_sequence="%d"`, seq), fmt.Sprintf(`provider_uid=%q`, uid), `publisher_epoch="1000"`)
+		}
+		return s.Ingest([]byte(body), stamp, stamp, stamp, signals.Origin{Site: "e", Relay: true})
+	}
+	batch(1, "u", 1, 1000, true)
+	if v := view(); !v.Learnable || v.Generation != 0 {
+		t.Fatalf("first complete batch: learnable %v, identity %d", v.Learnable, v.Generation)
+	}
+	// The same publication again, received later: what is held stays.
+	if res := batch(1, "u", 1, 1000, true); res.Kept != 0 || res.Refused.Total() != 0 {
+		t.Errorf("republish: %+v, want neither kept nor refused", res)
+	}
+	if v := view(); !v.Learnable || len(v.Series[signals.InFlight]) != 1 || v.Series[signals.InFlight][0].At != 1000 {
+		t.Errorf("after a republish: learnable %v, in-flight %v; want the first publication, learnable", v.Learnable, v.Series[signals.InFlight])
+	}
+	batch(2, "u", 2, 2000, true)
+	if v := view(); v.Generation != 1 || !v.Learnable {
+		t.Errorf("a new configuration generation: identity %d, learnable %v; want a new identity", v.Generation, v.Learnable)
+	}
+	batch(2, "u2", 3, 3000, true)
+	if v := view(); v.Generation != 2 {
+		t.Errorf("a new provider uid: identity %d, want a new one", v.Generation)
+	}
+	batch(2, "u2", 0, 4000, false)
+	if v := view(); v.Learnable || len(v.Series[signals.InFlight]) != 4 {
+		t.Errorf("a batch without metadata: learnable %v, %d in-flight samples; want read, not learnable", v.Learnable, len(v.Series[signals.InFlight]))
+	}
+}

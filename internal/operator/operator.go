@@ -204,9 +204,11 @@ func (o *Operator) scrape(ctx context.Context, p *provider) (removed bool) {
 	if p.removed {
 		return true
 	}
-	// Before its first verdict a provider counts as ready: a 404 from an
-	// engine that answers at all is remembered from the first scrape.
-	ready := !p.scraped || !p.verdict.Excludes()
+	// Only a provider judged Ready has a missing /v1/loads remembered: an
+	// engine not yet scraped, or not ready, may be warming up, and its 404
+	// a warm-up artefact rather than a definitive "no such route"
+	// (docs/protocol.md §4.2).
+	ready := p.scraped && p.verdict.Reason == readiness.Ready
 	reading, err := backend.Scrape(ctx, p.target, o.memo, ready, o.log)
 	if ctx.Err() != nil {
 		return false // shutting down: a cancelled scrape says nothing about the provider

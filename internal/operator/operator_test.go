@@ -409,6 +409,9 @@ func batchLine(t *testing.T, h *harness) string {
 func TestReloadRevisionsAndForgetting(t *testing.T) {
 	b := startSim(t, sim.Options{Kind: sim.KindVLLM})
 	h := newHarness(t, providerConf("a", "vllm", b.URL), providerConf("gone", "vllm", b.URL))
+	// The first scrape gives the verdict; a ready engine's 404 is
+	// remembered from the second.
+	h.pass()
 	h.pass()
 	if h.op.memo.Len() != 1 { // vLLM has no /v1/loads: memoized once for the shared URL
 		t.Fatalf("memo %d", h.op.memo.Len())
@@ -443,8 +446,15 @@ func mustYAML(t *testing.T, c *config.Operator) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "site: %s\nstateDir: %s\nproviders:\n", c.Site, c.StateDir)
 	for _, p := range c.Providers {
-		fmt.Fprintf(&b, "  - {name: %s, model: %q, kind: %s, upstream: %q, metrics: {endpoint: %q, timeout: %s}}\n",
-			p.Name, p.Model, p.Kind, p.Upstream, p.Metrics.Endpoint, p.Metrics.Timeout)
+		extra := ""
+		if p.Metrics.PoolName != "" {
+			extra += fmt.Sprintf(", poolName: %s", p.Metrics.PoolName)
+		}
+		if p.Metrics.StaleAfter > 0 {
+			extra += fmt.Sprintf(", staleAfter: %s", p.Metrics.StaleAfter)
+		}
+		fmt.Fprintf(&b, "  - {name: %s, model: %q, kind: %s, upstream: %q, metrics: {endpoint: %q, timeout: %s%s}}\n",
+			p.Name, p.Model, p.Kind, p.Upstream, p.Metrics.Endpoint, p.Metrics.Timeout, extra)
 	}
 	return []byte(b.String())
 }
