@@ -69,6 +69,29 @@ func (b *backendSim) control(t *testing.T, body string) {
 	}
 }
 
+// awaitMetric waits until the sim's /metrics has a sample of name whose
+// value is v: the EPP's pool gauges follow a control change at its next
+// refresh, which a busy machine delays.
+func (b *backendSim) awaitMetric(t *testing.T, name string, v float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(b.URL + "/metrics")
+		if err == nil {
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			mfs, perr := p.TextToMetricFamilies(resp.Body)
+			resp.Body.Close()
+			if mf := mfs[name]; perr == nil && mf != nil && len(mf.Metric) > 0 && mf.Metric[0].GetGauge().GetValue() == v {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sim's %s never read %v", name, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // load starts n streaming requests of tokens each and returns a wait func.
 func (b *backendSim) load(t *testing.T, n, tokens int) func() {
 	var wg sync.WaitGroup
@@ -290,6 +313,7 @@ func TestReadinessFollowsReadyEndpoints(t *testing.T) {
 		t.Fatalf("ready before = %v", v)
 	}
 	b.control(t, `{"readyEndpoints": 0}`)
+	b.awaitMetric(t, signals.EPPReadyEndpoints, 0)
 	scrapes := 0
 	for ; scrapes < 3 && h.gauge(signals.Ready, "pool-a") != 0; scrapes++ {
 		h.pass()
@@ -301,6 +325,7 @@ func TestReadinessFollowsReadyEndpoints(t *testing.T) {
 		t.Errorf("verdict %+v", v)
 	}
 	b.control(t, `{"readyEndpoints": null}`)
+	b.awaitMetric(t, signals.EPPReadyEndpoints, 2)
 	scrapes = 0
 	for ; scrapes < 2 && h.gauge(signals.Ready, "pool-a") != 1; scrapes++ {
 		h.pass()

@@ -24,6 +24,11 @@ import (
 type scaledOperator struct {
 	op      *Operator
 	answers map[string][]byte // peer -> its answer
+	// at is the one instant the peers' rows are stamped, polled and
+	// relayed at, and the gateway reads them at: a machine slow enough to
+	// take longer than a load window between the steps must not make the
+	// rows stale.
+	at time.Time
 }
 
 const providersPerSite = 16
@@ -63,10 +68,9 @@ func newScaledOperator(tb testing.TB, sites int) *scaledOperator {
 		peers = append(peers, fmt.Sprintf("s%02d", i))
 	}
 	op := newPeeringOperator(tb, "s00", peers...)
-	s := &scaledOperator{op: op, answers: map[string][]byte{}}
-	now := time.Now().UnixMilli()
+	s := &scaledOperator{op: op, answers: map[string][]byte{}, at: time.Now()}
 	for _, ps := range op.poller.snapshot() {
-		s.answers[ps.cfg.Site] = peerAnswer(ps.cfg.Site, now)
+		s.answers[ps.cfg.Site] = peerAnswer(ps.cfg.Site, s.at.UnixMilli())
 	}
 	s.pollRound()
 	return s
@@ -76,14 +80,14 @@ func newScaledOperator(tb testing.TB, sites int) *scaledOperator {
 // after the network.
 func (s *scaledOperator) pollRound() {
 	for _, ps := range s.op.poller.snapshot() {
-		s.op.poller.ingest(ps, s.answers[ps.cfg.Site], time.Now())
+		s.op.poller.ingest(ps, s.answers[ps.cfg.Site], s.at)
 	}
 }
 
 // relay renders what the site's gateway reads, page by page as it asks:
 // site and peer rows.
 func (s *scaledOperator) relay() [][]byte {
-	now := time.Now()
+	now := s.at
 	var pages [][]byte
 	var after signals.Cursor
 	for {
@@ -144,10 +148,11 @@ type siteGateway struct {
 	store   *loadstore.Store
 	builder *route.Builder
 	cands   []route.Candidate
+	nowMs   int64 // the operator's instant (scaledOperator.at)
 }
 
-func newSiteGateway(sites int) *siteGateway {
-	g := &siteGateway{store: loadstore.New(time.Minute), builder: route.NewBuilder(route.NewAgeAware(&route.Service{}, route.AgeAwareOptions{}))}
+func newSiteGateway(sites int, at time.Time) *siteGateway {
+	g := &siteGateway{nowMs: at.UnixMilli(), store: loadstore.New(time.Minute), builder: route.NewBuilder(route.NewAgeAware(&route.Service{}, route.AgeAwareOptions{}))}
 	for i := range sites {
 		site := fmt.Sprintf("s%02d", i)
 		for p := range providersPerSite {
@@ -161,7 +166,7 @@ func newSiteGateway(sites int) *siteGateway {
 // ingest is what the gateway does with one relay, page by page; it
 // returns the refusals.
 func (g *siteGateway) ingest(relay [][]byte) signals.Tally {
-	now := time.Now().UnixMilli()
+	now := g.nowMs
 	var refused signals.Tally
 	for _, page := range relay {
 		res := g.store.Ingest(page, now, now, now, signals.Origin{Site: "s00", Relay: true})
@@ -173,7 +178,7 @@ func (g *siteGateway) ingest(relay [][]byte) signals.Tally {
 }
 
 func (g *siteGateway) rebuild() *route.Snapshot {
-	return g.builder.Build(g.store, g.cands, time.Now().UnixMilli(), nil, route.DefaultSettings)
+	return g.builder.Build(g.store, g.cands, g.nowMs, nil, route.DefaultSettings)
 }
 
 // BenchmarkGatewayIngest is the site gateway's share of each poll as the
@@ -181,9 +186,10 @@ func (g *siteGateway) rebuild() *route.Snapshot {
 // route snapshot from it.
 func BenchmarkGatewayIngest(b *testing.B) {
 	for _, n := range gridSizes {
-		relay := newScaledOperator(b, n).relay()
+		s := newScaledOperator(b, n)
+		relay := s.relay()
 		b.Run(fmt.Sprintf("sites=%d/ingest", n), func(b *testing.B) {
-			g := newSiteGateway(n)
+			g := newSiteGateway(n, s.at)
 			b.ReportAllocs()
 			b.SetBytes(int64(size(relay)))
 			for b.Loop() {
@@ -191,7 +197,7 @@ func BenchmarkGatewayIngest(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("sites=%d/rebuild", n), func(b *testing.B) {
-			g := newSiteGateway(n)
+			g := newSiteGateway(n, s.at)
 			g.ingest(relay)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -226,7 +232,7 @@ func TestGridScaleFootprint(t *testing.T) {
 
 		// The gateway reading that relay: five polls' worth in its store
 		// and the snapshot built from them.
-		g := newSiteGateway(n)
+		g := newSiteGateway(n, s.at)
 		for range 5 {
 			if refused := g.ingest(relay); refused.Total() > 0 {
 				t.Errorf("%d sites: gateway refused %v of its operator's relay", n, refused)
