@@ -121,10 +121,11 @@ func TestParseEPPLegacyAndMissing(t *testing.T) {
 	if _, err := ParseEPP([]byte("a{x=\"\xff\"} 1"), ""); ClassOf(err) != ClassParse {
 		t.Errorf("non-UTF-8: %v", err)
 	}
-	// A scraped grid_site label moves aside.
+	// A scraped grid_site label is kept as scraped: the operator moves it
+	// aside when it attributes the row (TestScrapedSiteLabelsAreExported).
 	r, _ = ParseEPP([]byte(`llm_d_epp_ready_endpoints{grid_site="evil",name="p"} 1`+"\n"), "p")
-	if _, ok := r.Rows[0].Label("exported_grid_site"); !ok {
-		t.Errorf("grid_site not moved: %+v", r.Rows[0])
+	if v, ok := r.Rows[0].Label("grid_site"); !ok || v != "evil" {
+		t.Errorf("grid_site not kept as scraped: %+v", r.Rows[0])
 	}
 }
 
@@ -468,5 +469,21 @@ func TestProbeMemoLifecycle(t *testing.T) {
 	}
 	if len(expired) != 1 || expired[0] != tg.LoadsURL {
 		t.Errorf("expiries told: %v", expired)
+	}
+}
+
+// TestGenericEngineOverTheBodyCapIsUnknown: a generic engine whose
+// /v1/loads answer exceeds the 1 MiB budget answered: the scrape is not a
+// failure, its readiness is unknown (so it is never declared down for it),
+// and the result says body_cap, as an EPP's oversized /metrics does.
+func TestGenericEngineOverTheBodyCapIsUnknown(t *testing.T) {
+	stub := newEngineStub(t, 200, `{"loads":[`+strings.Repeat(`{"num_running_reqs":1},`, 60_000)+`{}]}`)
+	memo := NewProbeMemo(clock.Real{}, nil)
+	r := scrapeN(t, target(t, config.KindGeneric, stub.URL), memo, 2)
+	if r.Result != string(ClassBodyCap) || r.Ready.Known || r.Source != SourceLoads {
+		t.Errorf("generic with a 1.3 MiB /v1/loads: result %s, ready %v, source %s; want body_cap, unknown, loads", r.Result, r.Ready, r.Source)
+	}
+	if memo.Absent(target(t, config.KindGeneric, stub.URL).LoadsURL) {
+		t.Error("an oversized answer was remembered as no /v1/loads")
 	}
 }

@@ -254,16 +254,13 @@ var contractName = map[int]string{
 	iPerEndpoint: signals.EPPPerEndpointQueue, iPerPod: signals.LegacyPerPodQueue,
 }
 
-// rowOf copies a kept sample into a row. A scraped grid_site or
-// grid_provider label moves to exported_*, since the operator sets those.
+// rowOf copies a kept sample into a row, labels as scraped: the operator
+// attributes the row (operator.attribute moves a scraped grid_site or
+// grid_provider to exported_*).
 func rowOf(s *expo.Sample, i int) signals.Row {
 	row := signals.Row{Name: contractName[i], Value: s.Value}
 	s.EachLabel(func(n, v []byte) bool {
-		name := string(n)
-		if name == signals.LabelSite || name == signals.LabelProvider {
-			name = "exported_" + name
-		}
-		row.Labels = append(row.Labels, signals.Label{Name: name, Value: string(v)})
+		row.Labels = append(row.Labels, signals.Label{Name: string(n), Value: string(v)})
 		return true
 	})
 	return row

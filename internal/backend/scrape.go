@@ -28,6 +28,10 @@ func Scrape(ctx context.Context, t *Target, memo *ProbeMemo, ready bool, log *sl
 			}
 		case probeInconclusive:
 			if t.Kind == config.KindGeneric {
+				if ClassOf(err) == ClassBodyCap {
+					// The engine answered: too much, but it is up.
+					return bodyCapped(SourceLoads, "/v1/loads body exceeds the 1 MiB scrape budget"), nil
+				}
 				if err != nil {
 					return nil, err
 				}
@@ -89,7 +93,14 @@ func scrapeMetrics(ctx context.Context, t *Target, parse func([]byte) (*Reading,
 		return nil, statusError(t.MetricsURL, resp.status)
 	}
 	if resp.capped {
-		return &Reading{Source: SourceMetrics, Result: string(ClassBodyCap), Missing: "metrics body exceeds the 1 MiB scrape budget"}, nil
+		return bodyCapped(SourceMetrics, "metrics body exceeds the 1 MiB scrape budget"), nil
 	}
 	return parse(resp.body)
+}
+
+// bodyCapped is the reading of an answer past the body cap: the endpoint
+// answered, so it is not a failure of the provider; its readiness is
+// unknown, which excludes nothing (docs/protocol.md §4.3).
+func bodyCapped(source, why string) *Reading {
+	return &Reading{Source: source, Result: string(ClassBodyCap), Missing: why}
 }
