@@ -116,6 +116,10 @@ func TestClientConnectionCaps(t *testing.T) {
 	if err := g.Reload(&idle); err == nil || !strings.Contains(err.Error(), "restart") {
 		t.Errorf("a reload changing the idle timeout: %v", err)
 	}
+	// A rejected reload changes nothing.
+	if got := g.cfg.Load().Limits; got.ClientIdleTimeout == idle.Limits.ClientIdleTimeout || got.ClientConns != 4 {
+		t.Errorf("after a rejected reload the limits are %+v", got)
+	}
 }
 
 func TestHopConnectionCapCountsAsHop(t *testing.T) {

@@ -40,7 +40,12 @@ func benchGateway(tb testing.TB, upstream string) *Gateway {
 // with east's identity from a fresh grid CA (which an operator of the test
 // can serve with).
 func newTestGateway(tb testing.TB, operatorURL string) (*Gateway, *identity.Source) {
-	dir := tb.TempDir()
+	return newTestGatewayIn(tb, tb.TempDir(), operatorURL)
+}
+
+// newTestGatewayIn is newTestGateway with its grid CA in dir, where a test
+// can issue other sites' certificates.
+func newTestGatewayIn(tb testing.TB, dir, operatorURL string) (*Gateway, *identity.Source) {
 	identity.Init(dir, "grid.internal", time.Now())
 	identity.Issue(dir, "east", nil, time.Now())
 	cfg, err := config.ParseGateway("test", []byte(fmt.Sprintf("site: east\ntls: {ca: %q, cert: %q, key: %q}\noperator: {signals: %q}\n",

@@ -374,4 +374,12 @@ func TestRefusalsNameWhatTheyAreAbout(t *testing.T) {
 			}
 		}
 	}
+	// The unknown model's request counts as a bad request, under no site
+	// (docs/protocol.md §4.13); the unreachable site's as routed to it.
+	if n := testutil.ToFloat64(g.m.decisions.WithLabelValues("", "", "bad_request")); n != 1 {
+		t.Errorf("grid_route_decisions_total{reason=bad_request} = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(g.m.decisions.WithLabelValues("east", "pool", "routed")); n < 1 {
+		t.Errorf("grid_route_decisions_total{site=east,reason=routed} = %v, want the attempt counted", n)
+	}
 }

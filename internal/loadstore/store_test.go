@@ -265,3 +265,23 @@ func TestIdentityAndLearningGate(t *testing.T) {
 		t.Errorf("a batch without metadata: learnable %v, %d in-flight samples; want read, not learnable", v.Learnable, len(v.Series[signals.InFlight]))
 	}
 }
+
+// TestOnePublicationFoldsToItsLargest: the rows of one series in one
+// publication (several producers, label sets apart) fold into one sample,
+// the largest of them whatever their order (docs/protocol.md §4.8); the
+// flow-control queue sums its partitions instead.
+func TestOnePublicationFoldsToItsLargest(t *testing.T) {
+	s := New(time.Minute)
+	body := line(signals.EPPAverageRunning, "e", "a", 5, 1000, `name="p",producer="x"`) +
+		line(signals.EPPAverageRunning, "e", "a", 3, 1000, `name="p",producer="y"`) +
+		line(signals.EPPFlowControlQueue, "e", "a", 2, 1000, `name="p",partition="1"`) +
+		line(signals.EPPFlowControlQueue, "e", "a", 4, 1000, `name="p",partition="2"`)
+	s.Ingest([]byte(body), 1000, 1000, 1000, signals.Origin{Site: "e", Relay: true})
+	v, _ := s.View(Key{"e", "a"})
+	if got := v.Series[signals.EPPAverageRunning]; len(got) != 1 || got[0].Value != 5 {
+		t.Errorf("running folded to %v, want one sample of the largest, 5", got)
+	}
+	if got := v.Series[signals.EPPFlowControlQueue]; len(got) != 1 || got[0].Value != 6 {
+		t.Errorf("flow-control queue folded to %v, want the sum, 6", got)
+	}
+}

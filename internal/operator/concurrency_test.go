@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/readiness"
+	"github.com/grid-inference/grid/internal/signals"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -173,5 +175,35 @@ func TestLoadsAbsenceRememberedOnlyWhenReady(t *testing.T) {
 	h.pass()
 	if !h.op.memo.Absent(target) {
 		t.Error("a 404 from a ready engine was not remembered")
+	}
+}
+
+// TestScrapedSiteLabelsAreExported: a backend whose series carry grid_site
+// or grid_provider labels of their own cannot speak for another site or
+// provider: the operator moves them to exported_grid_site and
+// exported_grid_provider and sets the two itself (docs/protocol.md §4.6).
+func TestScrapedSiteLabelsAreExported(t *testing.T) {
+	b := startSim(t, sim.Options{Kind: sim.KindEPP})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		b.Handler().ServeHTTP(rec, r)
+		body := strings.ReplaceAll(rec.Body.String(), `{name="`, `{grid_site="west",grid_provider="evil",name="`)
+		w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	p := providerConf("pool-a", "epp", srv.URL)
+	h := newHarness(t, p)
+	h.pass()
+	body := string(h.op.signalsAnswer(h.clk.Now(), selection{}, true, signals.Cursor{}).body)
+	if !strings.Contains(body, `exported_grid_site="west"`) || !strings.Contains(body, `exported_grid_provider="evil"`) {
+		t.Fatalf("the scraped labels were not exported:\n%s", body)
+	}
+	if strings.Contains(strings.ReplaceAll(body, `exported_grid_site="west"`, ""), `grid_site="west"`) {
+		t.Errorf("a row speaks for west:\n%s", body)
+	}
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "llm_d_epp_") && (!strings.Contains(l, `,grid_site="east"`) && !strings.Contains(l, `{grid_site="east"`) || strings.Count(l, `grid_provider="pool-a"`) != 1) {
+			t.Errorf("a relayed row not attributed to east/pool-a: %s", l)
+		}
 	}
 }

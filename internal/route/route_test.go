@@ -359,6 +359,43 @@ func TestShedLatch(t *testing.T) {
 	}
 }
 
+// TestShedLatchHoldsUntilRelieved: once shedding, a model keeps shedding
+// while no site is relieved, even where no site is full: after a pause in
+// readings longer than the load window, a congested site's spell starts
+// over (not full for full_after_ms), but it still has no room. Shedding
+// stops once a site is relieved (docs/protocol.md §4.11 step 7).
+func TestShedLatchHoldsUntilRelieved(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.set.SingleCeiling = true
+	w.set.Smoothing, w.set.Shedding, w.set.FullAfterMs, w.set.RoomAfterMs = 1, true, 2000, 0
+	w.set.WindowMs = 5000 // a congested spell carries across rebuilds within one window
+	now := int64(1000)
+	step := func(after int64, a, aq, b, bq float64) *Snapshot {
+		now += after
+		w.publish("a", now, obs{running: a, queue: f(aq)})
+		w.publish("b", now, obs{running: b, queue: f(bq)})
+		return w.build(now)
+	}
+	step(1000, 100, 0, 100, 0) // ceilings of 100
+	for _, tc := range []struct {
+		name         string
+		after        int64
+		a, aq, b, bq float64
+		shed         bool
+	}{
+		{"both congested", 1000, 95, 5, 97, 3, false},
+		{"congested 1 s", 1000, 95, 5, 97, 3, false},
+		{"congested 2 s: full", 1000, 95, 5, 97, 3, true},
+		{"readings resume after 6 s, still congested: not full, not relieved", 6000, 95, 5, 97, 3, true},
+		{"b's backlog clears: relieved", 1000, 95, 5, 80, 0, false},
+	} {
+		s := step(tc.after, tc.a, tc.aq, tc.b, tc.bq)
+		if got := s.Shedding["m"]; got != tc.shed {
+			t.Errorf("%s: shed %v, want %v (b full %v, relieved %v)", tc.name, got, tc.shed, find(s, "b").Full, find(s, "b").Relieved)
+		}
+	}
+}
+
 // TestShedLatchBounds: with the hard bound, a queue that forms with fewer
 // running is a newly demonstrated limit: the site is full there.
 func TestShedLatchBounds(t *testing.T) {
