@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -225,5 +226,43 @@ func TestFailedPollStillDeliversBadEvidence(t *testing.T) {
 	}
 	if g.rep.pendingBad() {
 		t.Error("the acknowledged bad report is still pending")
+	}
+}
+
+// TestEveryPollDialsAfresh: each poll of the operator opens its own TLS
+// connection, so the operator's chain and identity are verified against
+// the bundle of the moment every time (docs/protocol.md §4.1), and no
+// connection outlives a rotation of the trust that admitted it.
+func TestEveryPollDialsAfresh(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, id := newTestGateway(t, "https://"+ln.Addr().String())
+	defer g.Close()
+	var conns, requests atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		if r.URL.Path == signals.ServingPath {
+			json.NewEncoder(w).Encode(signals.Serving{Site: "east"})
+			return
+		}
+		w.Header().Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	}), ErrorLog: log.New(io.Discard, "", 0), ConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}}
+	go srv.Serve(tls.NewListener(ln, id.ServerTLS()))
+	defer srv.Close()
+	for range 3 {
+		if !g.Poll(context.Background()) {
+			t.Fatal("a poll failed")
+		}
+	}
+	// Each poll reads the relay and the serving document and sends its
+	// report: a connection for each.
+	if n, r := conns.Load(), requests.Load(); n != r || r < 6 {
+		t.Errorf("3 polls sent %d requests on %d connections, want a connection a request", r, n)
 	}
 }

@@ -174,7 +174,10 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		store:    loadstore.New(storeWindow),
 		service:  service,
 		builder:  route.NewBuilder(policy),
-		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: false}},
+		// Every poll dials afresh, so the operator's chain and identity are
+		// verified against the current bundle each time (docs/protocol.md
+		// §4.1): a connection never outlives the trust that admitted it.
+		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, DisableKeepAlives: true, ForceAttemptHTTP2: false}},
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
 		ejected:  make(chan struct{}, 1),

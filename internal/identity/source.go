@@ -46,7 +46,16 @@ type Source struct {
 	// lastForced is when (unix ns) an unknown leaf for this site last made
 	// the files be re-read.
 	lastForced atomic.Int64
+	// generation counts the material applied (the first load is 1): a
+	// connection made under an older generation was verified with trust
+	// that may be gone.
+	generation atomic.Uint64
 }
+
+// Generation is how many times certificate material has been applied; it
+// moves when the CA bundle or this site's certificate changes, so a holder
+// of kept-alive connections knows to dial afresh.
+func (s *Source) Generation() uint64 { return s.generation.Load() }
 
 // forcedReloadEvery bounds how often callers presenting an unknown leaf for
 // this site can make the files be re-read.
@@ -121,6 +130,7 @@ func (s *Source) Reload() (changed bool, err error) {
 		s.previous = &previousLeaf{sum: s.current, notAfter: s.svid.Certificates[0].NotAfter}
 	}
 	s.svid, s.bundle, s.raw, s.current = svid, bundle, raw, sum
+	s.generation.Add(1)
 	return true, nil
 }
 

@@ -183,6 +183,23 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	if n := accepted() - before; n != 0 {
 		t.Errorf("east opened %v connections to west for ten changes, want none beyond the one it holds", n)
 	}
+	// East's certificate is renewed: the connection it holds was verified
+	// under the old material, so its next poll dials afresh, once.
+	if err := identity.Issue(dir, "east", nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := east.op.id.Reload(); err != nil || !changed {
+		t.Fatalf("reload of the renewed certificate: %v, %v", changed, err)
+	}
+	before = accepted()
+	for i := range 3 {
+		p := fmt.Sprintf("renewed-%d", i)
+		put(p)
+		waitFor(t, 3*time.Second, "the change reaches east", func() bool { return has("west/" + p) })
+	}
+	if n := accepted() - before; n != 1 {
+		t.Errorf("after a renewal east opened %v connections to west, want one: the old one is not reused", n)
+	}
 }
 
 // fanoutSite is a site of 16 providers, its signals handler, and the TLS

@@ -67,8 +67,13 @@ func (e *verifyError) Unwrap() error { return e.err }
 
 // peerState is what the poller keeps about one peer between rounds.
 type peerState struct {
-	cfg    config.Peer
-	client *http.Client
+	cfg config.Peer
+	// client polls the peer, made under identity generation clientGen;
+	// both guarded by clientMu (its loop and a PollPeers round may both
+	// poll). clientFor replaces it once the identity has moved on.
+	clientMu  sync.Mutex
+	client    *http.Client
+	clientGen uint64
 	// agesRejected is the PeerAgesRejected state: the peer's last answer
 	// carried rows refused for age. Silence keeps it.
 	agesRejected bool
@@ -131,16 +136,18 @@ func (pp *peerPoller) configure(peers []config.Peer) {
 		if cur, ok := pp.peers[p.Site]; ok && cur.cfg.Equal(p) {
 			continue
 		}
-		pp.peers[p.Site] = &peerState{cfg: p, client: pp.newClient(p.Site)}
+		pp.peers[p.Site] = &peerState{cfg: p, client: pp.newClient(p.Site), clientGen: pp.o.idGeneration()}
 		pp.o.m.peers.initPeer(p.Site)
 	}
 	for site, ps := range pp.peers {
 		if keep[site] {
 			continue
 		}
+		ps.clientMu.Lock()
 		if ps.client != nil {
 			ps.client.CloseIdleConnections()
 		}
+		ps.clientMu.Unlock()
 		delete(pp.peers, site)
 		for k := range pp.fences {
 			if strings.HasPrefix(k, site+"/") {
@@ -154,9 +161,11 @@ func (pp *peerPoller) configure(peers []config.Peer) {
 
 // newClient dials one peer, accepting only that site's SPIFFE id. It keeps
 // one connection to the peer and reuses it poll after poll (the long poll
-// holds it most of the time): the chain is verified when it is made, and the
+// holds it most of the time): the chain is verified when it is made, the
 // peer's listener closes a connection after 300 s, so it is verified again
-// at least that often.
+// at least that often, and a change of this site's certificate material
+// (a rotated CA or certificate) makes the next poll dial afresh
+// (clientFor).
 func (pp *peerPoller) newClient(site string) *http.Client {
 	conf, err := pp.o.id.ClientTLS(site)
 	if err != nil {
@@ -181,6 +190,32 @@ func (pp *peerPoller) newClient(site string) *http.Client {
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// clientFor is ps's client, made afresh when this site's certificate
+// material has changed since it was made: the old one's kept connection,
+// verified under trust that may be gone, is closed. A poll still using it
+// (a PollPeers round beside the peer's loop) finishes on it; that
+// connection then idles in a transport nothing uses, closed after its
+// IdleConnTimeout.
+func (pp *peerPoller) clientFor(ps *peerState) *http.Client {
+	ps.clientMu.Lock()
+	defer ps.clientMu.Unlock()
+	if gen := pp.o.idGeneration(); gen != ps.clientGen {
+		if ps.client != nil {
+			ps.client.CloseIdleConnections()
+		}
+		ps.client, ps.clientGen = pp.newClient(ps.cfg.Site), gen
+	}
+	return ps.client
+}
+
+// idGeneration is the identity's generation, 0 without one.
+func (o *Operator) idGeneration() uint64 {
+	if o.id == nil {
+		return 0
+	}
+	return o.id.Generation()
 }
 
 func (pp *peerPoller) snapshot() []*peerState {
@@ -376,7 +411,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // on the peer's last cursor. It returns the answer's cursor too.
 func (pp *peerPoller) attempt(ctx context.Context, ps *peerState, wait time.Duration) ([]byte, time.Time, string, error) {
 	cfg := pp.o.cfg.Load().PeerPoll
-	if ps.client == nil {
+	client := pp.clientFor(ps)
+	if client == nil {
 		return nil, time.Time{}, "", &pollError{OutcomeConfig, errors.New("no TLS configuration for this peer")}
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.D()+wait)
@@ -389,7 +425,7 @@ func (pp *peerPoller) attempt(ctx context.Context, ps *peerState, wait time.Dura
 	if err != nil {
 		return nil, time.Time{}, "", &pollError{OutcomeConfig, err}
 	}
-	resp, err := ps.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, time.Time{}, "", err
 	}
