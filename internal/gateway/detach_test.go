@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,11 @@ type sseUpstream struct {
 	flood bool
 	// empty, when set, makes the answer end before any event.
 	empty bool
+	// noDone, when set, makes the answer end after the first event
+	// without its [DONE], as an engine that shuts down does; with
+	// terminal, it sends the terminal error event first, as a peer
+	// gateway whose own upstream was cut does.
+	noDone, terminal bool
 }
 
 func newSSEUpstream(t *testing.T) *sseUpstream {
@@ -51,6 +57,12 @@ func newSSEUpstream(t *testing.T) *sseUpstream {
 		w.(http.Flusher).Flush()
 		if u.cut {
 			panic(http.ErrAbortHandler) // the connection breaks, the answer unfinished
+		}
+		if u.noDone {
+			if u.terminal {
+				w.Write(streamCut.event(false))
+			}
+			return
 		}
 		if u.flood {
 			event := "data: " + strings.Repeat("x", 1<<10) + "\n\n"
@@ -228,13 +240,87 @@ func TestDetachedStreamUpstreamCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	_, err = io.ReadAll(resp.Body)
-	if !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("reading a cut stream: %v, want unexpected EOF", err)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.HasSuffix(string(body), string(streamCut.event(false))) {
+		t.Fatalf("reading a cut stream: %q, %v; want it to end with the terminal error event", body, err)
 	}
 	waitFor(t, "the cut counted", func() bool {
-		return testutil.ToFloat64(g.m.upstreamErrors.WithLabelValues("east", string(upstreamStream))) == 1
+		return testutil.ToFloat64(g.m.upstreamErrors.WithLabelValues("east", string(upstreamStream))) == 1 &&
+			testutil.ToFloat64(g.m.streamsEndedEarly.WithLabelValues("east", string(streamCut))) == 1
 	})
+}
+
+// TestStreamThatCannotFinishEndsWithAnError: whether the server copies the
+// stream or it is detached, an answer the upstream cuts mid-stream, or
+// ends before its [DONE], reaches the client as what it got, then the
+// terminal error event in the OpenAI shape (the SDKs raise on it), then
+// the end of the answer: never a clean-looking end without [DONE]. A whole
+// stream gets no such event.
+func TestStreamThatCannotFinishEndsWithAnError(t *testing.T) {
+	for _, detaching := range []bool{true, false} {
+		for _, tc := range []struct {
+			name                 string
+			cut, early, terminal bool
+			want                 streamEnd
+		}{
+			{"cut", true, false, false, streamCut},
+			{"ended before [DONE]", false, true, false, streamEndedEarly},
+			// A peer gateway's terminal event passes as it is: one, not two.
+			{"a peer's terminal event", false, true, true, ""},
+			{"whole", false, false, false, ""},
+		} {
+			t.Run(fmt.Sprintf("%s/detach=%v", tc.name, detaching), func(t *testing.T) {
+				up := newSSEUpstream(t)
+				up.cut, up.noDone, up.terminal = tc.cut, tc.early, tc.terminal
+				g, addr := detachGateway(t, up.URL)
+				if !detaching {
+					off := *g.cfg.Load()
+					no := false
+					off.Limits.DetachStreams = &no
+					if err := g.Reload(&off); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if tc.want == "" && !tc.terminal {
+					close(up.step)
+				}
+				resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					t.Fatalf("reading the answer: %v (%q)", err, body)
+				}
+				var events []string
+				for _, l := range strings.Split(string(body), "\n") {
+					if d, ok := strings.CutPrefix(l, "data: "); ok {
+						events = append(events, d)
+					}
+				}
+				if tc.want == "" && !tc.terminal {
+					if len(events) != 2 || events[1] != "[DONE]" {
+						t.Errorf("a whole stream's events: %q", events)
+					}
+					return
+				}
+				var last struct {
+					Error struct{ Message, Type, Code string }
+				}
+				if len(events) != 2 || events[0] != "first" || json.Unmarshal([]byte(events[1]), &last) != nil ||
+					last.Error.Code != "stream_interrupted" || last.Error.Type != "server_error" || last.Error.Message == "" {
+					t.Fatalf("events %q: want the first, then the terminal error event and nothing after", events)
+				}
+				if tc.terminal {
+					return // the peer counted it
+				}
+				waitFor(t, "the early end counted", func() bool {
+					return testutil.ToFloat64(g.m.streamsEndedEarly.WithLabelValues("east", string(tc.want))) == 1
+				})
+			})
+		}
+	}
 }
 
 // A client that stops reading is cut once a write has waited
@@ -376,7 +462,8 @@ func TestDrainStreams(t *testing.T) {
 }
 
 // A stream that ends before its first byte is not detached: the proxy
-// copies what there is (nothing) and the connection stays the server's.
+// copies what there is (nothing, then the terminal error event: no
+// [DONE] came) and the connection stays the server's.
 func TestEmptyStreamNotDetached(t *testing.T) {
 	up := newSSEUpstream(t)
 	up.empty = true
@@ -387,8 +474,8 @@ func TestEmptyStreamNotDetached(t *testing.T) {
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 || len(body) != 0 {
-		t.Fatalf("status %d, body %q, %v; want 200 and an empty answer", resp.StatusCode, body, err)
+	if err != nil || resp.StatusCode != 200 || string(body) != string(streamEndedEarly.event(false)) {
+		t.Fatalf("status %d, body %q, %v; want 200 and the terminal error event alone", resp.StatusCode, body, err)
 	}
 	if n := g.streams.Len(); n != 0 {
 		t.Fatalf("%d streams detached", n)
@@ -417,5 +504,30 @@ func TestReplayBody(t *testing.T) {
 				t.Fatalf("read %q, %v; want %q, %v", got, err, tc.want, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestTerminalEventSeesDoneAcrossReads: a [DONE] that arrives a byte at a
+// time is still seen, and a long stream's tail is kept right.
+func TestTerminalEventSeesDoneAcrossReads(t *testing.T) {
+	for _, tc := range []struct {
+		body  string
+		ended bool
+	}{
+		{"data: a\n\ndata: [DONE]\n\n", false},
+		{strings.Repeat("data: "+strings.Repeat("x", 100)+"\n\n", 30) + "data: [DONE]\n\n", false},
+		{"data: a\n\ndata: [DO", true},
+		{strings.Repeat("data: x\n\n", 40), true},
+	} {
+		var got []streamEnd
+		b := &watchedBody{ReadCloser: io.NopCloser(iotest.OneByteReader(strings.NewReader(tc.body))), ctx: context.Background(),
+			failed: func(error) {}, firstByte: func() {}, sse: true, ended: func(e streamEnd) { got = append(got, e) }}
+		out, err := io.ReadAll(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ended := len(got) == 1; ended != tc.ended || (ended && !strings.HasSuffix(string(out), string(streamEndedEarly.event(false)))) {
+			t.Errorf("%.40q…: ended %v (%v), want %v; tail %q", tc.body, ended, got, tc.ended, out[max(0, len(out)-120):])
+		}
 	}
 }

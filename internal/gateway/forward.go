@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -218,7 +219,9 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 				firstByte: func() {
 					ans.firstByte = g.clk.Now()
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
-				}}
+				},
+				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK,
+				ended: func(e streamEnd) { g.m.streamsEndedEarly.WithLabelValues(c.Site, string(e)).Inc() }}
 			if via != nil && ans.stream && detachable(resp) {
 				if s := detach(tw, resp, g.streams, via, outCtx, cancelOut); s != nil {
 					stopWatch()
@@ -325,17 +328,37 @@ func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err e
 }
 
 // watchedBody reports the first error reading an upstream's answer, other
-// than its end or the client's leaving.
+// than its end or the client's leaving. For an event stream the client
+// asked for (sse), it also makes sure the client can tell a cut answer
+// from a whole one: a stream that ends before its `data: [DONE]`, cut by
+// the upstream or closed early, ends instead with the terminal error
+// event (streamEnd), then the end of the answer, and is counted by
+// reason. Its fields are the copying goroutine's (the handler's, or the
+// detached stream's).
 type watchedBody struct {
 	io.ReadCloser
 	ctx       context.Context
 	failed    func(error)
 	firstByte func()
 	once      sync.Once
-	read      bool // a byte was read; the copying goroutine only
+	read      bool // a byte was read
+
+	sse bool
+	// ended counts a stream that ended early, by reason.
+	ended func(streamEnd)
+	// tail holds the stream's last bytes, to see its [DONE].
+	tail [32]byte
+	tn   int
+	// rest is what is left to give of the terminal event; done once it
+	// has all been given.
+	rest []byte
+	done bool
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
+	if b.rest != nil || b.done {
+		return b.giveRest(p, 0)
+	}
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 && !b.read {
 		b.read = true
@@ -344,7 +367,93 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF && b.ctx.Err() == nil {
 		b.once.Do(func() { b.failed(err) })
 	}
-	return n, err
+	if !b.sse {
+		return n, err
+	}
+	b.keepTail(p[:n])
+	if err == nil || b.ctx.Err() != nil || b.sawDone() {
+		return n, err // streaming, whole, or the client is gone
+	}
+	reason := streamCut
+	if err == io.EOF {
+		reason = streamEndedEarly
+	}
+	b.ended(reason)
+	b.rest = reason.event(!b.endsEvent())
+	return b.giveRest(p, n)
+}
+
+// giveRest copies what it can of the terminal event after the n bytes
+// already in p; the stream ends once all of it is given.
+func (b *watchedBody) giveRest(p []byte, n int) (int, error) {
+	c := copy(p[n:], b.rest)
+	b.rest = b.rest[c:]
+	if len(b.rest) == 0 {
+		b.rest, b.done = nil, true
+		return n + c, io.EOF
+	}
+	return n + c, nil
+}
+
+func (b *watchedBody) keepTail(p []byte) {
+	if len(p) >= len(b.tail) {
+		b.tn = copy(b.tail[:], p[len(p)-len(b.tail):])
+		return
+	}
+	if keep := len(b.tail) - len(p); b.tn > keep {
+		copy(b.tail[:], b.tail[b.tn-keep:b.tn])
+		b.tn = keep
+	}
+	b.tn += copy(b.tail[b.tn:], p)
+}
+
+// sawDone reports whether the stream's last event is `data: [DONE]`, or
+// the terminal error event (a peer gateway's, over the hop: one is
+// enough).
+func (b *watchedBody) sawDone() bool {
+	t := bytes.TrimRight(b.tail[:b.tn], "\r\n")
+	return bytes.HasSuffix(t, []byte("data: [DONE]")) || bytes.HasSuffix(t, []byte(`"code":"`+terminalCode+`"}}`))
+}
+
+// endsEvent reports whether what was given ends an event (a blank line),
+// or nothing was given.
+func (b *watchedBody) endsEvent() bool {
+	t := b.tail[:b.tn]
+	return len(t) == 0 || bytes.HasSuffix(t, []byte("\n\n")) || bytes.HasSuffix(t, []byte("\r\n\r\n"))
+}
+
+// streamEnd is why an event stream ended before its [DONE], the reason
+// label of grid_gateway_streams_ended_early_total.
+type streamEnd string
+
+const (
+	// streamCut: the upstream's connection broke mid-answer.
+	streamCut streamEnd = "upstream_cut"
+	// streamEndedEarly: the upstream ended the answer cleanly, but before
+	// its [DONE] (an engine shutting down, say).
+	streamEndedEarly streamEnd = "upstream_ended"
+)
+
+var streamEnds = []streamEnd{streamCut, streamEndedEarly}
+
+// terminalCode is the terminal error event's code.
+const terminalCode = "stream_interrupted"
+
+// event is the terminal error event in the OpenAI shape, which the OpenAI
+// SDKs raise as an APIError: a data line holding an error object, after a
+// blank line when the answer stopped mid-event (so the partial event ends
+// first), and no [DONE] after it: the answer is not complete.
+func (e streamEnd) event(closeEvent bool) []byte {
+	msg := "the upstream's connection broke before the answer was complete"
+	if e == streamEndedEarly {
+		msg = "the upstream ended the answer before it was complete (no [DONE])"
+	}
+	b, _ := json.Marshal(msg)
+	ev := `data: {"error":{"message":` + string(b) + `,"type":"server_error","code":"` + terminalCode + `"}}` + "\n\n"
+	if closeEvent {
+		ev = "\n\n" + ev
+	}
+	return []byte(ev)
 }
 
 // trackingWriter notes whether anything reached the client; the handler's

@@ -34,6 +34,7 @@ type metrics struct {
 	connsShed         *prometheus.CounterVec
 	ejections         *prometheus.CounterVec
 	upstreamErrors    *prometheus.CounterVec
+	streamsEndedEarly *prometheus.CounterVec
 	hopRefused        *prometheus.CounterVec
 	readingAge        *prometheus.HistogramVec
 	bodyBudgetRefused prometheus.Counter
@@ -73,8 +74,10 @@ func newMetrics() *metrics {
 		hopRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_hop_refused_total",
 			Help: "Requests refused on the hop listener: the caller is not a peer site of this one (not_a_peer), or asked for a model this site does not share with it (model_not_shared)."}, []string{"reason"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_errors_total", Help: "Attempts to deliver a request that failed, by site and reason: refused, connect_timeout, tls, not_delivered and connection_lost reached nothing (tried elsewhere); response_timeout, stream and transport failed with the upstream holding the request."}, []string{"site", "reason"}),
-		published:      map[[2]string]bool{},
-		shedModels:     map[string]bool{},
+		streamsEndedEarly: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_streams_ended_early_total",
+			Help: "Event streams that ended before their [DONE] and were closed with the terminal error event (docs/gateway.md), by site and reason: upstream_cut, upstream_ended."}, []string{"site", "reason"}),
+		published:  map[[2]string]bool{},
+		shedModels: map[string]bool{},
 	}
 	for _, r := range []string{"ok", "unreachable", "unauthorized", "too_large", "no_date", "encoding", "config"} {
 		m.polls.WithLabelValues(r)
@@ -112,7 +115,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.affinity, m.prefixAffinity)
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.hopRefused, m.bodyBudgetRefused, m.readingAge,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -130,6 +133,9 @@ func (m *metrics) publish(s *route.Snapshot) {
 		seen[k] = true
 		for _, f := range upstreamFailures {
 			m.upstreamErrors.WithLabelValues(c.Site, string(f)) // 0 from the start
+		}
+		for _, e := range streamEnds {
+			m.streamsEndedEarly.WithLabelValues(c.Site, string(e))
 		}
 		m.score.WithLabelValues(k[0], k[1]).Set(c.Score)
 		if c.Measured {
