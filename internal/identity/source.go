@@ -114,14 +114,14 @@ func (s *Source) Reload() (changed bool, err error) {
 		return false, err
 	}
 	if svid.ID != s.id {
-		return false, fmt.Errorf("%s: certificate %s names %s, but this is %s", s.where("cert"), s.files.Cert, svid.ID, s.id)
+		return false, fmt.Errorf("%s: certificate %s names %s, but this is %s", s.where(certFile), s.files.Cert, svid.ID, s.id)
 	}
 	bundle, err := x509bundle.Load(s.td, s.files.CA)
 	if err != nil {
-		return false, fmt.Errorf("%s: load grid CA %s: %w", s.where("ca"), s.files.CA, err)
+		return false, fmt.Errorf("%s: load grid CA %s: %w", s.where(caFile), s.files.CA, err)
 	}
 	if _, _, err := x509svid.Verify(svid.Certificates, bundle); err != nil {
-		return false, fmt.Errorf("%s: certificate %s does not chain to the grid CA %s (%s): %w", s.where("cert"), s.files.Cert, s.files.CA, s.where("ca"), err)
+		return false, fmt.Errorf("%s: certificate %s does not chain to the grid CA %s (%s): %w", s.where(certFile), s.files.Cert, s.files.CA, s.where(caFile), err)
 	}
 	sum := sha256.Sum256(svid.Certificates[0].Raw)
 	s.mu.Lock()
@@ -136,10 +136,13 @@ func (s *Source) Reload() (changed bool, err error) {
 
 func (s *Source) readAll() ([]byte, error) {
 	var all []byte
-	for _, f := range []struct{ key, file string }{{"ca", s.files.CA}, {"cert", s.files.Cert}, {"key", s.files.Key}} {
-		b, err := os.ReadFile(f.file)
+	for _, f := range []struct {
+		which tlsFile
+		path  string
+	}{{caFile, s.files.CA}, {certFile, s.files.Cert}, {keyFile, s.files.Key}} {
+		b, err := os.ReadFile(f.path)
 		if err != nil {
-			return nil, fmt.Errorf("%s: read identity: %w", s.where(f.key), err)
+			return nil, fmt.Errorf("%s: read identity: %w", s.where(f.which), err)
 		}
 		all = append(all, b...)
 		all = append(all, 0)
@@ -153,11 +156,11 @@ func (s *Source) readAll() ([]byte, error) {
 func (s *Source) loadSVID() (*x509svid.SVID, error) {
 	cert, err := os.ReadFile(s.files.Cert)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read site certificate: %w", s.where("cert"), err)
+		return nil, fmt.Errorf("%s: read site certificate: %w", s.where(certFile), err)
 	}
 	key, err := os.ReadFile(s.files.Key)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read site key: %w", s.where("key"), err)
+		return nil, fmt.Errorf("%s: read site key: %w", s.where(keyFile), err)
 	}
 	svid, err := x509svid.Parse(cert, key)
 	if err == nil {
@@ -166,18 +169,33 @@ func (s *Source) loadSVID() (*x509svid.SVID, error) {
 	// x509svid says which part failed only in its message.
 	switch msg := err.Error(); {
 	case strings.Contains(msg, "does not match private key"):
-		return nil, fmt.Errorf("%s: the key %s is not the key of the certificate %s (%s)", s.where("key"), s.files.Key, s.files.Cert, s.where("cert"))
+		return nil, fmt.Errorf("%s: the key %s is not the key of the certificate %s (%s)", s.where(keyFile), s.files.Key, s.files.Cert, s.where(certFile))
 	case strings.Contains(msg, "private key"):
-		return nil, fmt.Errorf("%s: load site key %s: %w", s.where("key"), s.files.Key, err)
+		return nil, fmt.Errorf("%s: load site key %s: %w", s.where(keyFile), s.files.Key, err)
 	default:
-		return nil, fmt.Errorf("%s: load site certificate %s: %w", s.where("cert"), s.files.Cert, err)
+		return nil, fmt.Errorf("%s: load site certificate %s: %w", s.where(certFile), s.files.Cert, err)
 	}
 }
 
-// where names the configuration key of one of the files ("ca", "cert",
-// "key"), with its line when the configuration came from a file.
-func (s *Source) where(key string) string {
-	at := map[string]string{"ca": s.files.At.CA, "cert": s.files.At.Cert, "key": s.files.At.Key}[key]
+// tlsFile is one of the three files of a TLS block.
+type tlsFile uint8
+
+const (
+	caFile tlsFile = iota
+	certFile
+	keyFile
+)
+
+// where names the configuration key of one of the files, with its line
+// when the configuration came from a file ("tls.cert at east.yaml:4").
+func (s *Source) where(f tlsFile) string {
+	key, at := "ca", s.files.At.CA
+	switch f {
+	case certFile:
+		key, at = "cert", s.files.At.Cert
+	case keyFile:
+		key, at = "key", s.files.At.Key
+	}
 	if at == "" {
 		return "tls." + key
 	}
