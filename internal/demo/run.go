@@ -333,14 +333,15 @@ func draw(out io.Writer, interactive bool, opening string, g *Grid, w window, el
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Spec.Name, s.Slots(), state, run, wait,
 			busy(run, s.Slots()), ceiling, rho, share, quantile(w.ttft[s.Spec.Name], 0.5), quantile(w.ttft[s.Spec.Name], 0.99))
 	}
+	all := allTTFT(w)
 	fmt.Fprintf(tw, "all\t%d\t\t%d\t%d\t%s\t\t\t\t%s\t%s\t\n", slots, running, waiting, busy(running, slots),
-		quantile(allTTFT(w), 0.5), quantile(allTTFT(w), 0.99))
+		quantile(all, 0.5), quantile(all, 0.99))
 	tw.Flush()
 	fmt.Fprintf(&b, "At the engines now: RUN running, WAIT queued, BUSY = RUN / SLOTS.\n")
 	fmt.Fprintf(&b, "What %s's gateway believes: CEILING, the most it has seen a site run at\n", entry.Spec.Name)
 	fmt.Fprintf(&b, "once; RHO, its smoothed load over that ceiling (near 1 before BUSY is).\n")
 	fmt.Fprintf(&b, "Last second through %s: PICKS, each site's share; TTFT, time to first token.\n", entry.Spec.Name)
-	fmt.Fprintf(&b, "\nlast second: %d served, their TTFT p50 %s p99 %s\n", w.outcomes["ok"], quantile(allTTFT(w), 0.5), quantile(allTTFT(w), 0.99))
+	fmt.Fprintf(&b, "\nlast second: %d served, their TTFT p50 %s p99 %s\n", w.outcomes["ok"], quantile(all, 0.5), quantile(all, 0.99))
 	fmt.Fprintf(&b, "             %d shed (429), %d unavailable (503), %d errors\n",
 		w.outcomes["429"], w.outcomes["503"], w.outcomes["error"]+w.outcomes["dropped"])
 	for _, l := range log {
@@ -487,8 +488,8 @@ func story(ctx context.Context, g *Grid, lg *loadGen, rate float64, events chan<
 	}
 	// Overload on what the grid has shown it can hold, not on its nominal
 	// slots: a loaded machine serves slower than the model assumes, and
-	// the act must overload the grid as it is. Half again that is an
-	// overload every site feels; the gateways shed (full_after_ms 2 s, in
+	// the act must overload the grid as it is. 1.6× that is an overload
+	// every site feels; the gateways shed (full_after_ms 2 s, in
 	// grid.go) before the queues grow long, so the admitted requests'
 	// time to first token recovers while the excess is refused.
 	over := overload * max(rate, learnedCapacity(g)/meanDuration().Seconds())
