@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -205,5 +206,44 @@ func TestScrapedSiteLabelsAreExported(t *testing.T) {
 		if strings.HasPrefix(l, "llm_d_epp_") && (!strings.Contains(l, `,grid_site="east"`) && !strings.Contains(l, `{grid_site="east"`) || strings.Count(l, `grid_provider="pool-a"`) != 1) {
 			t.Errorf("a relayed row not attributed to east/pool-a: %s", l)
 		}
+	}
+}
+
+// TestProviderScrapeFailuresAreSaidOnce: a provider whose scrapes start
+// failing is said at WARN once, naming it and the failure class, not at
+// every scrape; its first good scrape after is one INFO.
+func TestProviderScrapeFailuresAreSaidOnce(t *testing.T) {
+	b := startSim(t, sim.Options{Kind: sim.KindEPP})
+	var down atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		b.Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	var logged syncBuffer
+	log := slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	h := newHarnessWith(t, Options{Logger: log}, providerConf("pool-a", "epp", srv.URL))
+	count := func(level, msg string) int {
+		return strings.Count(logged.String(), `"level":"`+level+`","msg":"`+msg+`"`)
+	}
+	h.pass()
+	down.Store(true)
+	for range 3 {
+		h.pass()
+	}
+	if n := count("WARN", "provider scrape failed"); n != 1 {
+		t.Fatalf("three failed scrapes logged %d WARNs, want 1:\n%s", n, logged.String())
+	}
+	if !strings.Contains(logged.String(), `"provider":"pool-a"`) || !strings.Contains(logged.String(), `"class":"http"`) {
+		t.Errorf("the WARN does not name the provider and the class:\n%s", logged.String())
+	}
+	down.Store(false)
+	h.pass()
+	h.pass()
+	if n := count("INFO", "provider scrape succeeded again"); n != 1 {
+		t.Errorf("recovery logged %d INFOs, want 1:\n%s", n, logged.String())
 	}
 }

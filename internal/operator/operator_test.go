@@ -120,6 +120,13 @@ type harness struct {
 
 func newHarness(t *testing.T, ps ...config.Provider) *harness {
 	t.Helper()
+	return newHarnessWith(t, Options{}, ps...)
+}
+
+// newHarnessWith is newHarness with the operator's options (a logger);
+// the clock is the harness's.
+func newHarnessWith(t *testing.T, opts Options, ps ...config.Provider) *harness {
+	t.Helper()
 	cfg := &config.Operator{Site: "east", StateDir: t.TempDir(), Providers: ps}
 	cfg, err := config.ParseOperator("test", mustYAML(t, cfg))
 	if err != nil {
@@ -130,7 +137,8 @@ func newHarness(t *testing.T, ps ...config.Provider) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := New(cfg, state, Options{Clock: clk})
+	opts.Clock = clk
+	op, err := New(cfg, state, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
