@@ -25,9 +25,9 @@ const resyncInterval = 30 * time.Second
 // Controller keeps the operator's configuration in step with its
 // namespace's Grid resources and the Secrets they reference (re-read at
 // every reconcile, at least every resyncInterval: they are not watched, see
-// Translator.Secrets): every change is one reconcile of the whole namespace (it is one configuration), which
-// is translated and applied as a file-mode reload would be, validated whole
-// first, so a rejected change alters nothing.
+// Translator.Secrets). Every change is one reconcile of the whole namespace
+// (it is one configuration), translated and applied as a file-mode reload
+// would be, validated whole first, so a rejected change alters nothing.
 type Controller struct {
 	Translator *Translator
 	// Apply installs a new configuration (the operator's Reload, counted).
