@@ -125,14 +125,10 @@ func (h *history) record(v SnapshotView, at time.Time) {
 		p.Sites[c.Site] = sp
 	}
 	h.points = append(h.points, p)
-	oldest := p.AtMs - historyWindow.Milliseconds()
-	drop := 0
-	for drop < len(h.points) && h.points[drop].AtMs < oldest {
-		drop++
-	}
 	// A wall clock set back keeps points the window cannot age out: the
 	// count bounds them too.
-	drop = max(drop, len(h.points)-historyMaxPoints)
+	drop := max(olderThan(h.points, p.AtMs-historyWindow.Milliseconds(), func(p HistoryPoint) int64 { return p.AtMs }),
+		len(h.points)-historyMaxPoints)
 	h.points = slices.Delete(h.points, 0, drop)
 	for site, n := range v.Picks {
 		h.picks[site] = n
@@ -146,15 +142,19 @@ func (h *history) note(text string, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.notes = append(h.notes, HistoryNote{AtMs: at.UnixMilli(), Text: text})
-	oldest := at.UnixMilli() - historyWindow.Milliseconds()
-	drop := 0
-	for drop < len(h.notes) && h.notes[drop].AtMs < oldest {
-		drop++
-	}
-	h.notes = slices.Delete(h.notes, 0, drop)
+	h.notes = slices.Delete(h.notes, 0, olderThan(h.notes, at.UnixMilli()-historyWindow.Milliseconds(), func(n HistoryNote) int64 { return n.AtMs }))
 	if len(h.notes) > historyNotes {
 		h.notes = slices.Delete(h.notes, 0, len(h.notes)-historyNotes)
 	}
+}
+
+// olderThan is how many of items, oldest first, are older than oldestMs.
+func olderThan[T any](items []T, oldestMs int64, atMs func(T) int64) int {
+	n := 0
+	for n < len(items) && atMs(items[n]) < oldestMs {
+		n++
+	}
+	return n
 }
 
 func (h *history) view(site string) HistoryView {
