@@ -68,9 +68,9 @@ func (e *verifyError) Unwrap() error { return e.err }
 // peerState is what the poller keeps about one peer between rounds.
 type peerState struct {
 	cfg config.Peer
-	// client polls the peer, made under identity generation clientGen;
-	// both guarded by clientMu (its loop and a PollPeers round may both
-	// poll). clientFor replaces it once the identity has moved on.
+	// client polls the peer, made under identity generation clientGen
+	// (nil before the first poll); both guarded by clientMu (its loop and
+	// a PollPeers round may both poll). clientFor makes and replaces it.
 	clientMu  sync.Mutex
 	client    *http.Client
 	clientGen uint64
@@ -136,7 +136,7 @@ func (pp *peerPoller) configure(peers []config.Peer) {
 		if cur, ok := pp.peers[p.Site]; ok && cur.cfg.Equal(p) {
 			continue
 		}
-		pp.peers[p.Site] = &peerState{cfg: p, client: pp.newClient(p.Site), clientGen: pp.o.idGeneration()}
+		pp.peers[p.Site] = &peerState{cfg: p} // its client is made at its first poll (clientFor)
 		pp.o.m.peers.initPeer(p.Site)
 	}
 	for site, ps := range pp.peers {
@@ -192,8 +192,9 @@ func (pp *peerPoller) newClient(site string) *http.Client {
 	}
 }
 
-// clientFor is ps's client, made afresh when this site's certificate
-// material has changed since it was made: the old one's kept connection,
+// clientFor is ps's client, made at the peer's first poll and afresh when
+// this site's certificate material has changed since (generation 0 is no
+// identity, so no client): the old one's kept connection,
 // verified under trust that may be gone, is closed. A poll still using it
 // (a PollPeers round beside the peer's loop) finishes on it; that
 // connection then idles in a transport nothing uses, closed after its
