@@ -159,15 +159,16 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 	if len(r.routes) > 0 {
 		fmt.Fprintln(tw, "ROUTE\tPROVIDER\tSTATE\tRHO\tCEILING\tWEIGHT\tQUEUE\tPICKS")
 		for _, rr := range inKeyOrder(r.routes) {
-			state, queue := "-", num(rr.score)
-			switch {
-			case rr.score != nil && math.IsNaN(*rr.score):
-				state, queue = "excluded", "-"
-			case rr.score != nil:
-				state = "routed"
-			}
-			if math.IsInf(ptrOr(rr.score, 0), 1) {
-				queue = "-" // the route reports no queue
+			state, queue := "-", num(rr.score) // num reads NaN as "-"
+			if rr.score != nil {
+				switch v := *rr.score; {
+				case math.IsNaN(v):
+					state = "excluded"
+				case math.IsInf(v, 1):
+					state, queue = "routed", "-" // the route reports no queue
+				default:
+					state = "routed"
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", rr.site, rr.cluster, state, num2(rr.rho), num(rr.ceiling), num(rr.weight), queue, rr.picks)
 		}
@@ -217,13 +218,6 @@ func (r *Report) Write(w io.Writer, now time.Time) error {
 		fmt.Fprintf(tw, "\nGATEWAY AGES\t%s\n", state)
 	}
 	return tw.Flush()
-}
-
-func ptrOr(v *float64, or float64) float64 {
-	if v == nil {
-		return or
-	}
-	return *v
 }
 
 func num(v *float64) string {
