@@ -253,9 +253,9 @@ func (e *Engine) serve(ctx context.Context, j job, ttft, perToken, tpot time.Dur
 	wait := e.prefill(j, ttft, perToken)
 	var last time.Time
 	for i := range j.outputTokens {
-		if err := sleep(ctx, e.clk, wait); err != nil {
+		if !clock.Sleep(ctx, e.clk, wait) {
 			e.recordAbort(j, tm)
-			return tm, err
+			return tm, ctx.Err()
 		}
 		now := e.clk.Now()
 		if i == 0 {
@@ -288,21 +288,6 @@ func (e *Engine) tokenOut(now time.Time) {
 
 func (e *Engine) recordAbort(j job, tm timing) {
 	e.stats.observeAbort(j, tm)
-}
-
-// sleep waits d on clk, or returns early with ctx's error.
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // rateWindow counts events in one-second buckets over the last few seconds.

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/grid-inference/grid/internal/clock"
 )
 
 // oversizeBytes is how far past the 1 MiB scrape cap an oversized /metrics
@@ -31,7 +33,7 @@ func (s *Sim) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if st.metricsDelay > 0 {
-		if err := sleep(r.Context(), s.clk, st.metricsDelay); err != nil {
+		if !clock.Sleep(r.Context(), s.clk, st.metricsDelay) {
 			return
 		}
 	}
