@@ -54,10 +54,19 @@ type document struct {
 }
 
 func (doc *document) at(path string) string {
-	if l, ok := doc.lines[path]; ok {
-		return fmt.Sprintf("%s:%d", doc.file, l)
+	if where, ok := doc.line(path); ok {
+		return where
 	}
 	return doc.file
+}
+
+// line is path's "file:line", when the key was read from a file.
+func (doc *document) line(path string) (string, bool) {
+	l, ok := doc.lines[path]
+	if !ok {
+		return "", false
+	}
+	return fmt.Sprintf("%s:%d", doc.file, l), true
 }
 
 // decodeFile reads file strictly into out: an unknown key, a duplicate key, a

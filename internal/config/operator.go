@@ -5,7 +5,6 @@
 package config
 
 import (
-	"fmt"
 	"slices"
 	"time"
 )
@@ -83,8 +82,8 @@ func (t *TLS) locate(doc *document, path string) {
 	}
 	at := func(key string) string {
 		k := path + "." + key
-		if l, ok := doc.lines[k]; ok {
-			return fmt.Sprintf("%s at %s:%d", k, doc.file, l)
+		if where, ok := doc.line(k); ok {
+			return k + " at " + where
 		}
 		return k
 	}
