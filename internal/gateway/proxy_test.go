@@ -247,25 +247,37 @@ func TestOpenAIShapedAnswers(t *testing.T) {
 		{"POST", "/v1/chat/completions", `model=A`, 400, "invalid_json", "", ""},
 		{"POST", "/v1/chat/completions", `{"messages":[]}`, 400, "model_required", "", ""},
 	} {
-		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got struct {
-			ID    string `json:"id"`
-			Error struct {
-				Code, Type, Message string
-			} `json:"error"`
-		}
-		decodeErr := json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
+		resp, got, decodeErr := askAPI(t, srv.URL, tc.method, tc.path, tc.body)
 		if decodeErr != nil || resp.StatusCode != tc.status || got.Error.Code != tc.code || got.ID != tc.id ||
 			resp.Header.Get("Allow") != tc.allow || resp.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("%s %s %s: %d %+v (decode %v), Allow %q, Content-Type %q", tc.method, tc.path, tc.body, resp.StatusCode, got, decodeErr,
 				resp.Header.Get("Allow"), resp.Header.Get("Content-Type"))
 		}
 	}
+}
+
+// openAIAnswer is what a test reads of an OpenAI-shaped answer: a model's
+// id, or an error.
+type openAIAnswer struct {
+	ID    string `json:"id"`
+	Error struct {
+		Code, Type, Message string
+	} `json:"error"`
+}
+
+// askAPI sends one request to base and decodes its answer; the error is
+// the decoding's.
+func askAPI(t *testing.T, base, method, path, body string) (*http.Response, openAIAnswer, error) {
+	t.Helper()
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got openAIAnswer
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	return resp, got, err
 }
 
 // TestBodyBudget: request bodies held in memory across connections stay
@@ -355,16 +367,7 @@ func TestRefusalsNameWhatTheyAreAbout(t *testing.T) {
 		{"GET", "/v1/models/llama-nobody-serves", "", 404, []string{`"llama-nobody-serves"`, "GET /v1/models"}},
 		{"POST", "/v1/chat/completions", `{"model":"` + sim.DefaultModel + `","max_tokens":1}`, 502, []string{`site "east" could not be reached`}},
 	} {
-		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got struct {
-			Error struct{ Message string } `json:"error"`
-		}
-		json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
+		resp, got, _ := askAPI(t, srv.URL, tc.method, tc.path, tc.body)
 		if resp.StatusCode != tc.status {
 			t.Errorf("%s %s %s: %d %q, want %d", tc.method, tc.path, tc.body, resp.StatusCode, got.Error.Message, tc.status)
 		}
