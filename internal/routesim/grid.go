@@ -3,11 +3,12 @@ package routesim
 import (
 	"fmt"
 	"io"
-	"math"
 	"runtime"
 	"strings"
 	"sync"
 	"text/tabwriter"
+
+	"github.com/grid-inference/grid/internal/stats"
 )
 
 // Grid is a set of experiments: every combination of its phase modes,
@@ -90,29 +91,13 @@ func (g Grid) Run() []Cell {
 // summarise returns the mean of the runs' means with the half-width of its
 // 95% interval (Student's t), and the mean of their p99s.
 func summarise(rs []Result) (mean, ci, p99 float64) {
-	n := float64(len(rs))
-	for _, r := range rs {
-		mean += r.Mean
+	means := make([]float64, len(rs))
+	for i, r := range rs {
+		means[i] = r.Mean
 		p99 += r.P99
 	}
-	mean, p99 = mean/n, p99/n
-	if len(rs) < 2 {
-		return mean, 0, p99
-	}
-	var ss float64
-	for _, r := range rs {
-		ss += (r.Mean - mean) * (r.Mean - mean)
-	}
-	return mean, tQuantile975(len(rs)-1) * math.Sqrt(ss/(n-1)/n), p99
-}
-
-// tQuantile975 is Student's t 0.975 quantile for df degrees of freedom.
-func tQuantile975(df int) float64 {
-	table := []float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228}
-	if df <= len(table) {
-		return table[df-1]
-	}
-	return 1.96 + 2.4/float64(df) // within 1% of the exact value beyond ten
+	mean, ci = stats.MeanInterval95(means)
+	return mean, ci, p99 / float64(len(rs))
 }
 
 // WriteTSV writes one line per cell after a header: policy, phases,

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/stats"
 )
 
 // Model is the model every sim serves.
@@ -401,25 +402,8 @@ func cellMeans(results []Result, sc Scenario, router string) means {
 // interval is the mean of xs and the half-width of its 95% interval
 // (Student's t over the runs).
 func interval(xs []float64) stat {
-	n := len(xs)
-	var sum float64
-	for _, x := range xs {
-		sum += x
-	}
-	mean := sum / float64(n)
-	if n < 2 {
-		return stat{mean: mean}
-	}
-	var sq float64
-	for _, x := range xs {
-		sq += (x - mean) * (x - mean)
-	}
-	t := [...]float64{0, 0, 12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26}
-	tv := 1.96
-	if n < len(t) {
-		tv = t[n]
-	}
-	return stat{mean: mean, half: tv * math.Sqrt(sq/float64(n-1)/float64(n))}
+	mean, half := stats.MeanInterval95(xs)
+	return stat{mean: mean, half: half}
 }
 
 func joinInts(xs []int) string {

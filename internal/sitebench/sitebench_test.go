@@ -91,7 +91,7 @@ func TestNginxConfigWeighsBySlots(t *testing.T) {
 
 func TestIntervalIsStudents(t *testing.T) {
 	s := interval([]float64{1, 2, 3})
-	if s.mean != 2 || math.Abs(s.half-4.30*math.Sqrt(1.0/3)) > 1e-9 {
+	if s.mean != 2 || math.Abs(s.half-4.303*math.Sqrt(1.0/3)) > 1e-9 {
 		t.Errorf("interval %+v", s)
 	}
 	if one := interval([]float64{5}); one.half != 0 || one.mean != 5 {
