@@ -87,9 +87,10 @@ type detachedStream struct {
 	// answer read into it before the stream was detached.
 	buf     *[chunkBufSize]byte
 	pending int
-	// observe, set by the proxy, teaches the age unit what a whole stream
-	// took; end, set by the handler, counts the request once it is over.
-	observe func()
+	// observe, set by the proxy, tells the observed service the stream is
+	// over, and, when it was whole, what it took; end, set by the handler,
+	// counts the request once it is over.
+	observe func(whole bool)
 	end     func(outcome string)
 }
 
@@ -172,8 +173,8 @@ func (s *detachedStream) run() {
 	// connection goes back to its pool on the body's end, and cancelling
 	// races that. The context holds no goroutine or timer.
 	s.body.Close()
+	s.observe(whole)
 	if whole {
-		s.observe()
 		s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
 		_, err := io.WriteString(s.conn, "0\r\n\r\n")
 		if err == nil && !s.closeAfter {

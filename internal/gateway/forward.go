@@ -47,19 +47,26 @@ func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detached
 		g.picks.add(c.Site)
 		began := g.clk.Now()
 		ans := answer{bound: pick.Path == route.PathSession}
+		var sv *route.Served
+		if !c.Local {
+			sv = g.service.Served(c.Site, c.Model)
+		}
+		sv.Begin()
 		switch x.forward(c, began, &ans) {
 		case delivered:
 			served := affinity.Binding{Site: c.Site, Provider: ans.provider}
 			if s := ans.detached; s != nil {
 				room := pick.Room
-				s.observe = func() { g.observeService(c.Site, began, &ans, room) }
+				s.observe = func(whole bool) { g.observeService(c.Site, sv, began, &ans, room, whole) }
 				return "routed", served, s
 			}
-			g.observeService(c.Site, began, &ans, pick.Room)
+			g.observeService(c.Site, sv, began, &ans, pick.Room, true)
 			return "routed", served, nil
 		case failed:
+			sv.End(false, 0, 0, 0)
 			return "upstream_error", affinity.Binding{}, nil
 		}
+		sv.End(false, 0, 0, 0)
 		g.m.retries.Inc()
 		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(x.snap, x.model, c)}
 		if pick.Candidate == nil {
@@ -112,12 +119,30 @@ type answer struct {
 // what one delivered request says of service time: a stream its time to
 // first byte and after it (a request that waited in an engine's queue
 // waited before its first token), a whole answer its duration and whether
-// the pick saw room.
-func (g *Gateway) observeService(site string, began time.Time, ans *answer, room bool) {
+// the pick saw room. A remote site's observed service (sv; nil for this
+// site) learns that the request ended and how long it waited, which its
+// board may be seen to contradict (route.Served); an answer that did not
+// end whole teaches neither.
+func (g *Gateway) observeService(site string, sv *route.Served, began time.Time, ans *answer, room, whole bool) {
+	if !whole {
+		sv.End(false, 0, 0, 0)
+		return
+	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	end := g.clk.Now()
-	if ans.stream && !ans.firstByte.IsZero() {
-		g.service.ObserveStream(site, ms(ans.firstByte.Sub(began)), ms(end.Sub(ans.firstByte)))
+	stream := ans.stream && !ans.firstByte.IsZero()
+	first := ms(end.Sub(began))
+	if stream {
+		first = ms(ans.firstByte.Sub(began))
+	}
+	// The wait is judged before the answer teaches the estimates, so an
+	// answer is not compared with itself.
+	if sv != nil {
+		waited, unit := g.service.Waited(site, stream, first, ms(end.Sub(began)))
+		sv.End(true, g.timeline.NowMs(), waited, unit)
+	}
+	if stream {
+		g.service.ObserveStream(site, first, ms(end.Sub(ans.firstByte)))
 	} else {
 		g.service.Observe(site, ms(end.Sub(began)), room)
 	}

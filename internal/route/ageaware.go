@@ -59,6 +59,10 @@ type ageCandidate struct {
 	// it is also admitted for new requests, healthy and measured, so the
 	// draw reads it.
 	read, interpreted bool
+	// slot is the place of the candidate's site among the sites of its
+	// model's healthy candidates (assignSlots): the draw weighs sites,
+	// whatever number of providers each claims.
+	slot int32
 	// readLoad is the load (in-flight over ceiling) at the latest reading.
 	readLoad float64
 	// unitMs is the candidate's mean request duration: its site's own
@@ -67,10 +71,17 @@ type ageCandidate struct {
 	// own counts this gateway's sends since the reading; nil without a
 	// reading, or when own sends are ignored.
 	own *sendCounter
+	// served is what this gateway observed of a remote candidate's site
+	// serving its model (nil for this site's own providers), and trust
+	// the share of the site's claimed capacity it is read at (1 without
+	// observations).
+	served *Served
+	trust  float64
 }
 
 // prepare interprets the snapshot (docs/routing.md): each candidate's load
-// at its reading and its unit. The picks read them through their age at
+// at its reading and its unit, its site, and the trust its site's
+// observed service earned. The picks read them through their age at
 // their own instant (predict), not at the build's: a snapshot lives a poll
 // interval, which for short requests (embeddings) is many request
 // durations, and a load read once at build time would stand all that
@@ -88,6 +99,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	// A site's unit is asked of the pace once per build, not once per
 	// provider: SitePace reads both estimates' windows under their locks.
 	units := map[string]float64{}
+	served := map[servedKey]*Served{}
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
 		unit, ok := units[c.Site]
@@ -99,6 +111,16 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 			units[c.Site] = unit
 		}
 		a.unitMs = unit
+		a.trust = 1
+		if !c.Local {
+			k := servedKey{c.Site, c.Model}
+			sv, ok := served[k]
+			if !ok {
+				sv = p.pace.Served(c.Site, c.Model)
+				served[k] = sv
+			}
+			a.served, a.trust = sv, sv.Trust()
+		}
 		if c.latestAt == 0 {
 			continue
 		}
@@ -116,9 +138,12 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.own = cnt
 	}
+	pk.assignSlots(snap)
+	recordClaims(snap, pk)
 	for _, m := range snap.byModel {
-		group := make([]int32, 0, len(m.all))
-		for _, i := range m.all {
+		// The view reads what the picks draw from: the healthy candidates.
+		group := make([]int32, 0, len(m.healthy))
+		for _, i := range m.healthy {
 			if pk.cands[i].interpreted {
 				group = append(group, i)
 			}
@@ -126,71 +151,214 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		if len(group) == 0 {
 			continue
 		}
-		loads := make([]float64, len(group))
-		level := pk.predict(snap, group, now, loads, make([]int32, len(group)))
+		var w water
+		w.fill(pk, snap, group, now, false)
+		level := w.pour()
 		for k, i := range group {
 			c := &snap.Candidates[i]
-			c.Predicted = loads[k]
-			c.Active = loads[k] <= level+levelSlack
+			c.Predicted = w.board[k]
+			c.Active = w.sites[w.slot[k]].load <= level+levelSlack
 		}
 	}
 	return pk
+}
+
+// recordClaims tells each remote site's observed service what its latest
+// readings of the model claim (Served.claim): the newest reading's
+// instant, and whether they said it had a free slot and nothing queued,
+// which an answer that waited during them contradicts.
+func recordClaims(snap *Snapshot, pk *ageAwarePicker) {
+	type claim struct {
+		at                 int64
+		inFlight, ceiling  float64
+		queued, unreadable bool
+	}
+	claims := map[*Served]*claim{}
+	for i := range snap.Candidates {
+		c, a := &snap.Candidates[i], &pk.cands[i]
+		if a.served == nil || !a.read {
+			continue
+		}
+		cl := claims[a.served]
+		if cl == nil {
+			cl = &claim{}
+			claims[a.served] = cl
+		}
+		cl.at = max(cl.at, c.latestAt)
+		cl.inFlight += c.latestInFlight
+		cl.ceiling += c.Ceiling
+		switch {
+		case math.IsNaN(c.Score) || math.IsInf(c.Score, 1):
+			cl.unreadable = true // excluded, or no queue reading: no claim of room
+		case c.Score > 0:
+			cl.queued = true
+		}
+	}
+	for sv, cl := range claims {
+		sv.claim(cl.at, !cl.queued && !cl.unreadable && cl.inFlight+1 <= cl.ceiling+levelSlack)
+	}
 }
 
 // levelSlack is the rounding the active set forgives: a load within it of
 // the level is at the level.
 const levelSlack = 1e-9
 
-func (pk *ageAwarePicker) restrict(kept []int32) picker {
-	r := &ageAwarePicker{cands: make([]ageCandidate, len(kept))}
+func (pk *ageAwarePicker) restrict(r *Snapshot, kept []int32) picker {
+	out := &ageAwarePicker{cands: make([]ageCandidate, len(kept))}
 	for k, i := range kept {
-		r.cands[k] = pk.cands[i]
+		out.cands[k] = pk.cands[i]
 	}
-	return r
+	out.assignSlots(r)
+	return out
 }
 
-// predict reads each candidate of group (interpreted, one model's) through
-// its age at nowMs, writing its predicted load into loads (aligned with
-// group), and returns the common level: each site drains from its reading
-// as its busy slots complete (boardAt), while the grid's arrivals since the
-// readings flow to the least-loaded sites in proportion to their capacity,
-// raising them together. The sites whose predicted load has reached the
-// level form the active set. On a fresh board the flow goes to the least
-// loaded; on an old one by capacity, which is right when the board says
-// nothing any more. order is scratch of group's length. It allocates
-// nothing, so the request path can call it.
-func (pk *ageAwarePicker) predict(s *Snapshot, group []int32, nowMs int64, loads []float64, order []int32) float64 {
-	// The grid's arrival rate (per ms) is what its busy slots complete in
-	// steady state, each site's at its own pace. Capacity here is the
-	// learned ceiling itself: the explore floor that lifts small sites'
-	// weights in the reference draws would overfill them here (measured in
-	// internal/routesim).
+// assignSlots numbers, per model, the sites of snap's healthy candidates in
+// order of first appearance, and gives each healthy candidate its site's
+// number (ageCandidate.slot): at most MaxSites, since a model's healthy
+// candidates are.
+func (pk *ageAwarePicker) assignSlots(snap *Snapshot) {
+	for _, m := range snap.byModel {
+		var names [MaxSites]string
+		n := int32(0)
+		for _, i := range m.healthy {
+			c := &snap.Candidates[i]
+			j := int32(0)
+			for j < n && names[j] != c.Site {
+				j++
+			}
+			if j == n {
+				names[n] = c.Site
+				n++
+			}
+			pk.cands[i].slot = j
+		}
+	}
+}
+
+// water is one model's candidates read through their age at one instant,
+// and their sites, which the draw weighs: a site's providers of the model
+// are one bucket of the sum of their ceilings, so a site weighs what its
+// capacity is, however many providers it claims it in. It lives on the
+// stack of a pick: fill and pour allocate nothing.
+type water struct {
+	// board is each candidate's load (in-flight over its ceiling) by its
+	// reading alone, load with this gateway's own sends added; slot its
+	// site's place in sites. All aligned with the group.
+	board, load [MaxSites]float64
+	slot        [MaxSites]int32
+	sites       [MaxSites]siteWater
+	n           int // sites used
+	// arrivals is the grid's arrivals since the readings, in slots.
+	arrivals float64
+}
+
+// siteWater is one site's bucket.
+type siteWater struct {
+	// used: some candidate of the group is of the site; slots of sites
+	// with none are skipped.
+	used bool
+	// ceiling sums the providers' ceilings; capacity is the share of it
+	// the site is read at (its trust), the width of its bucket.
+	ceiling, capacity float64
+	// board is the site's load by its readings alone (in-flight over
+	// capacity), load with this gateway's own sends, and, for a remote
+	// site, at least this gateway's requests it holds.
+	board, load float64
+	// rate is the requests it completes per ms when full: its capacity
+	// over its mean duration. A site whose requests take four times
+	// longer takes a quarter of the share per slot (grid bench routing
+	// --scenario slow-site).
+	rate float64
+	// served and trust are the remote site's observed service (nil for
+	// this site's own providers) and the share of its claims it earned.
+	served *Served
+	trust  float64
+}
+
+// fill reads group (interpreted candidates of one model, at most
+// MaxSites) at nowMs into w; withOwn adds this gateway's own sends and
+// what it observes a remote site hold.
+//
+// The grid's arrival rate (per ms) is what its busy slots complete in
+// steady state, each site's at its own pace. Capacity here is the learned
+// ceiling itself: the explore floor that lifts small sites' weights in the
+// reference draws would overfill them here (measured in internal/routesim).
+func (w *water) fill(pk *ageAwarePicker, s *Snapshot, group []int32, nowMs int64, withOwn bool) {
 	var rate, meanAgeMs, capSum float64
 	for k, i := range group {
 		c, a := &s.Candidates[i], &pk.cands[i]
 		rate += math.Min(a.readLoad, 1) * c.Ceiling / a.unitMs
 		meanAgeMs += float64(max(nowMs-c.latestAt, 0)) * c.Ceiling
 		capSum += c.Ceiling
-		loads[k] = a.boardAt(c, nowMs)
-		order[k] = int32(k)
+		w.board[k] = a.boardAt(c, nowMs)
+		w.load[k] = w.board[k]
+		if withOwn {
+			w.load[k] += a.ownInFlight(c, nowMs, w.board[k])
+		}
+		j := a.slot
+		sw := &w.sites[j]
+		if !sw.used {
+			*sw = siteWater{used: true, served: a.served, trust: a.trust}
+			w.n = max(w.n, int(j)+1)
+		}
+		w.slot[k] = j
+		sw.ceiling += c.Ceiling
+		sw.board += w.board[k] * c.Ceiling
+		sw.load += w.load[k] * c.Ceiling
+		sw.rate += c.Ceiling / a.unitMs
 	}
-	arrivals := rate * meanAgeMs / capSum
-	// Pour the arrivals into the sites from the least loaded up, each
-	// absorbing its capacity per unit of level. Groups are small: an
-	// insertion sort allocates nothing.
-	for j := 1; j < len(order); j++ {
-		for m := j; m > 0 && loads[order[m]] < loads[order[m-1]]; m-- {
+	w.arrivals = rate * meanAgeMs / capSum
+	for j := range w.sites[:w.n] {
+		sw := &w.sites[j]
+		if !sw.used {
+			// A site of the model none of whose candidates is in the
+			// group: never reached by the pour, never drawn.
+			sw.board, sw.load = math.Inf(1), math.Inf(1)
+			continue
+		}
+		sw.board /= sw.ceiling
+		sw.load /= sw.ceiling
+		sw.capacity = sw.ceiling
+		if !withOwn || sw.served == nil {
+			continue
+		}
+		// A remote site is read at the share of its claims its observed
+		// service earned, and as holding at least this gateway's requests
+		// it holds: what the gateway sees it serve is not the site's to
+		// say (docs/routing.md, earned capacity).
+		sw.capacity = sw.ceiling * sw.trust
+		sw.rate *= sw.trust
+		sw.board /= sw.trust
+		sw.load = max(sw.load/sw.trust, sw.served.InFlight()/sw.capacity)
+	}
+}
+
+// pour returns the common level: each site drains from its readings as
+// its busy slots complete (boardAt), while the grid's arrivals since the
+// readings flow to the least-loaded sites in proportion to their
+// capacity, raising them together. The sites whose predicted load has
+// reached the level form the active set. On a fresh board the flow goes to
+// the least loaded; on an old one by capacity, which is right when the
+// board says nothing any more.
+func (w *water) pour() float64 {
+	var order [MaxSites]int32
+	for j := range w.n {
+		order[j] = int32(j)
+	}
+	// Groups are small: an insertion sort allocates nothing.
+	for j := 1; j < w.n; j++ {
+		for m := j; m > 0 && w.sites[order[m]].board < w.sites[order[m-1]].board; m-- {
 			order[m], order[m-1] = order[m-1], order[m]
 		}
 	}
 	var filled, weighted float64
-	level := loads[order[0]]
-	for j, k := range order {
-		c := &s.Candidates[group[k]]
-		filled += c.Ceiling
-		weighted += c.Ceiling * loads[k]
-		level = (arrivals + weighted) / filled
-		if j+1 == len(order) || level <= loads[order[j+1]] {
+	level := w.sites[order[0]].board
+	for j, k := range order[:w.n] {
+		sw := &w.sites[k]
+		filled += sw.capacity
+		weighted += sw.capacity * sw.board
+		level = (w.arrivals + weighted) / filled
+		if j+1 == w.n || level <= w.sites[order[j+1]].board {
 			break
 		}
 	}
@@ -258,11 +426,12 @@ func drain(load, age float64) float64 {
 	return load * math.Exp(-age)
 }
 
-// pick predicts the healthy interpreted candidates' loads at nowMs
-// (predict), adds this gateway's own sends still in flight, and draws
-// among the candidates below the common level in proportion to the flow
-// each would take to reach it: its service rate (serviceRate) times its
-// distance below the level. The active set is the guarantee: a site
+// pick predicts the healthy interpreted candidates' loads at nowMs,
+// adds this gateway's own sends still in flight, and draws among the sites
+// below the common level (pour) in proportion to the flow each would take
+// to reach it: its service rate times its distance below the level; then,
+// within the site drawn, among its providers by the room each has for one
+// more request (within). The active set is the guarantee: a site
 // predicted above the level is not drawn while one below it exists. A
 // "full" flag is not consulted: it latches over the settling window, and
 // excluding on it herds (measured in internal/routesim).
@@ -272,11 +441,11 @@ func drain(load, age float64) float64 {
 // request to the least loaded sends every replica's requests to the same
 // site, while each sees only its own sends (measured in internal/routesim,
 // phases sync). Drawn by share, K replicas together pour the flow as the
-// water model says. When no candidate is below the level (all at it), the
+// water model says. When no site is below the level (all at it), the
 // draw is by service rate. The pick is counted in its counter. Without an
 // interpreted healthy candidate the reference arms draw.
 func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs int64) Pick {
-	var group, order, active [MaxSites]int32
+	var group [MaxSites]int32
 	n := 0
 	for _, i := range healthy {
 		if pk.cands[i].interpreted {
@@ -287,50 +456,86 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs 
 	if n == 0 {
 		return referencePicker{}.pick(s, healthy, turn, nowMs)
 	}
-	u := weyl(turn)
-	var board, loads [MaxSites]float64
-	level := pk.predict(s, group[:n], nowMs, board[:n], order[:n])
+	var w water
+	w.fill(pk, s, group[:n], nowMs, true)
+	level := w.pour()
 	minLoad := math.Inf(1)
-	for k, i := range group[:n] {
-		loads[k] = board[k] + pk.cands[i].ownInFlight(&s.Candidates[i], nowMs, board[k])
-		minLoad = math.Min(minLoad, loads[k])
+	for j := range w.sites[:w.n] {
+		minLoad = math.Min(minLoad, w.sites[j].load)
 	}
 	level = math.Max(level, minLoad)
-	// active holds the candidates drawn from; at, their positions in
-	// group; share, the water each takes to reach the level.
-	var at [MaxSites]int
 	var share [MaxSites]float64
-	na, total := 0, 0.0
-	for k, i := range group[:n] {
-		if loads[k] <= level+levelSlack {
-			active[na], at[na] = i, k
-			share[na] = pk.serviceRate(s, i) * (level - loads[k])
-			total += share[na]
-			na++
+	total := 0.0
+	for j := range w.sites[:w.n] {
+		if sw := &w.sites[j]; sw.load <= level+levelSlack {
+			share[j] = sw.rate * (level - sw.load)
+			total += share[j]
 		}
 	}
-	pick := 0
-	if total > levelSlack {
-		target := u * total
-		for pick < na-1 {
-			if target -= share[pick]; target < 0 {
-				break
+	if total <= levelSlack {
+		// All at the level: by service rate.
+		for j := range w.sites[:w.n] {
+			if sw := &w.sites[j]; sw.load <= level+levelSlack {
+				share[j] = sw.rate
+				total += share[j]
 			}
-			pick++
 		}
-	} else {
-		pick = s.weighted(active[:na], -1, u, func(i int32) float64 { return pk.serviceRate(s, i) })
 	}
-	i := active[pick]
-	c := &s.Candidates[i]
-	pk.cands[i].count(c, nowMs, board[at[pick]])
-	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: hasRoom(c, loads[at[pick]])}
+	site := drawShare(share[:w.n], total, weyl(turn))
+	k := w.within(s, group[:n], int32(site), unit(turn, salt1))
+	i := group[k]
+	c, a := &s.Candidates[i], &pk.cands[i]
+	a.count(c, nowMs, w.board[k])
+	sw := &w.sites[site]
+	room := hasRoom(c, w.load[k]) && (a.served == nil || sw.load*sw.capacity+1 <= sw.capacity+levelSlack)
+	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room}
 }
 
-// serviceRate weighs an active candidate by the requests it completes per
-// ms when full: its learned ceiling over its site's mean duration. A site
-// whose requests take four times longer takes a quarter of the share per
-// slot (grid bench routing --scenario slow-site).
-func (pk *ageAwarePicker) serviceRate(s *Snapshot, i int32) float64 {
-	return s.Candidates[i].Ceiling / pk.cands[i].unitMs
+// within draws, among the providers of the site in slot site, one for one
+// more request: the request is poured into the least loaded of them, each
+// drawn in proportion to the room it has below the level the request
+// raises the site to; when none is below it, by ceiling. It returns a
+// position in group.
+func (w *water) within(s *Snapshot, group []int32, site int32, u float64) int {
+	sw := &w.sites[site]
+	var loadSum float64
+	for k, i := range group {
+		if w.slot[k] == site {
+			loadSum += w.load[k] * s.Candidates[i].Ceiling
+		}
+	}
+	level := (loadSum + 1) / sw.ceiling
+	var share [MaxSites]float64
+	total := 0.0
+	for k, i := range group {
+		if w.slot[k] == site {
+			share[k] = s.Candidates[i].Ceiling * max(level-w.load[k], 0)
+			total += share[k]
+		}
+	}
+	if total <= levelSlack {
+		for k, i := range group {
+			if w.slot[k] == site {
+				share[k] = s.Candidates[i].Ceiling
+				total += share[k]
+			}
+		}
+	}
+	return drawShare(share[:len(group)], total, u)
+}
+
+// drawShare draws a position of share, in proportion to it, by u in
+// [0, 1); positions of zero share are never drawn.
+func drawShare(share []float64, total, u float64) int {
+	target, last := u*total, 0
+	for k, v := range share {
+		if v <= 0 {
+			continue
+		}
+		last = k
+		if target -= v; target < 0 {
+			return k
+		}
+	}
+	return last
 }

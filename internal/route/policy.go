@@ -45,8 +45,8 @@ type picker interface {
 	// the board reading board.
 	sent(s *Snapshot, i int32, nowMs int64, board float64)
 	// restrict is the picker of the snapshot narrowed to the candidates
-	// at positions kept (Snapshot.Restrict).
-	restrict(kept []int32) picker
+	// at positions kept (Snapshot.Restrict), r.
+	restrict(r *Snapshot, kept []int32) picker
 }
 
 // Policy names, the values of availability.policy.

@@ -73,7 +73,7 @@ func (referencePicker) loadAt(s *Snapshot, i int32, _ int64) (board, load float6
 }
 
 func (referencePicker) sent(*Snapshot, int32, int64, float64) {}
-func (p referencePicker) restrict([]int32) picker             { return p }
+func (p referencePicker) restrict(*Snapshot, []int32) picker  { return p }
 
 func capacityOr1(c *Candidate) float64 {
 	if c.Measured {

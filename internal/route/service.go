@@ -16,6 +16,9 @@ type Pace interface {
 	MeanMs() float64
 	// SiteMs is site's own mean duration, when it can be told apart.
 	SiteMs(site string) (ms float64, ok bool)
+	// Served is what this gateway observed of a remote site's service of
+	// model (nil: nothing, and its claims are read as they are).
+	Served(site, model string) *Served
 }
 
 // Service is what a gateway observed of its requests' service, over all
@@ -28,6 +31,43 @@ type Service struct {
 	// delivered requests take no gateway-wide lock; the set of sites is
 	// written once per site and read per request.
 	sites sync.Map
+	// served maps a remote site and model (servedKey) to its *Served,
+	// made on its first request, dropped with the topology (Retain).
+	served sync.Map
+}
+
+// servedKey names one remote site's service of one model.
+type servedKey struct{ site, model string }
+
+// Served is site's observed service of model, made on first use.
+func (s *Service) Served(site, model string) *Served {
+	k := servedKey{site, model}
+	if v, ok := s.served.Load(k); ok {
+		return v.(*Served)
+	}
+	v, _ := s.served.LoadOrStore(k, &Served{})
+	return v.(*Served)
+}
+
+// Waited is how long an answer from site waited before it began, beyond
+// what the site's unloaded answers take: a stream's time to first token
+// beyond the least of the site's recent streams (their prefill), a whole
+// answer's duration beyond twice the site's unit (its own length varies
+// with what it was asked, and only a wait beyond that is evidence). It is
+// what Served.End judges a promise by, with the unit it is judged in.
+func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64) (waitedMs, unitMs float64) {
+	unitMs = s.MeanMs()
+	if v, ok := s.SiteMs(site); ok && v > 0 {
+		unitMs = v
+	}
+	if !stream {
+		return totalMs - 2*unitMs, unitMs
+	}
+	least := s.site(site).leastFirstToken()
+	if math.IsInf(least, 1) {
+		least = firstTokenMs
+	}
+	return firstTokenMs - least, unitMs
 }
 
 // Observe records a whole answer from site (ServiceTime.Observe).
@@ -59,6 +99,12 @@ func (s *Service) Retain(live func(site string) bool) {
 	s.sites.Range(func(k, _ any) bool {
 		if !live(k.(string)) {
 			s.sites.Delete(k)
+		}
+		return true
+	})
+	s.served.Range(func(k, _ any) bool {
+		if !live(k.(servedKey).site) {
+			s.served.Delete(k)
 		}
 		return true
 	})
@@ -170,6 +216,17 @@ func (s *ServiceTime) add(ms, pace float64) {
 			s.firstToken, s.lastFirstToken = math.Inf(1), s.firstToken
 		}
 	}
+}
+
+// leastFirstToken is the least time to first token of the recent
+// streams (this window's and the last), +Inf before any.
+func (s *ServiceTime) leastFirstToken() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.streamed {
+		return math.Inf(1)
+	}
+	return math.Min(s.firstToken, s.lastFirstToken)
 }
 
 // MeanMs is the estimate.

@@ -186,14 +186,45 @@ func NewSnapshot(cands []Candidate, shedding map[string]bool, builtAt int64) *Sn
 		if c.Upstream == nil {
 			continue
 		}
-		if len(m.routable) < MaxSites {
-			m.routable = append(m.routable, int32(i))
-		}
-		if len(m.healthy) < MaxSites && !math.IsNaN(c.Score) {
+		m.routable = append(m.routable, int32(i))
+		if !math.IsNaN(c.Score) {
 			m.healthy = append(m.healthy, int32(i))
 		}
 	}
+	for _, m := range s.byModel {
+		m.routable = fairly(cands, m.routable)
+		m.healthy = fairly(cands, m.healthy)
+	}
 	return s
+}
+
+// fairly caps list (positions in cands, in snapshot order) at MaxSites so
+// that no site crowds another out: while the list is too long, each site
+// keeps its first providers in turn (the first of every site, then the
+// second, …), and the kept ones stay in snapshot order. Without it, a
+// peer claiming 64 idle providers filled every place ahead of an honest
+// site and took all its traffic (docs/security.md).
+func fairly(cands []Candidate, list []int32) []int32 {
+	if len(list) <= MaxSites {
+		return list
+	}
+	rank := make([]int, len(list))
+	seen := map[string]int{}
+	for k, i := range list {
+		rank[k] = seen[cands[i].Site]
+		seen[cands[i].Site]++
+	}
+	kept := make([]int32, 0, MaxSites)
+	for r := 0; len(kept) < MaxSites; r++ {
+		for k, i := range list {
+			if rank[k] == r && len(kept) < MaxSites {
+				kept = append(kept, i)
+			}
+		}
+	}
+	// Back to snapshot order.
+	sort.Slice(kept, func(a, b int) bool { return kept[a] < kept[b] })
+	return kept
 }
 
 // Restrict is the snapshot narrowed to the candidates keep accepts, in the
@@ -211,7 +242,7 @@ func (s *Snapshot) Restrict(keep func(*Candidate) bool) *Snapshot {
 	}
 	r := NewSnapshot(cands, s.Shedding, s.BuiltAt)
 	if s.picker != nil {
-		r.picker = s.picker.restrict(kept)
+		r.picker = s.picker.restrict(r, kept)
 	}
 	return r
 }

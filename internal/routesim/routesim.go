@@ -299,6 +299,9 @@ func Run(cfg Config) Result {
 			demand := service()
 			i := choose(cfg.Policy, gws[k], sites, rng, now)
 			gws[k].own[i]++
+			if stack {
+				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin()
+			}
 			s := &sites[i]
 			r := request{arrived: now, service: demand * s.slowdown, gw: k}
 			if s.running < s.slots {
@@ -319,7 +322,14 @@ func Run(cfg Config) Result {
 			// and the service apart.
 			g := gws[e.req.gw]
 			wait, served := (d-e.req.service)*unit, e.req.service*unit
-			g.service.ObserveStream(g.cands[e.site].Site, wait, served)
+			name := g.cands[e.site].Site
+			if stack {
+				// The wait is judged before the stream teaches the
+				// estimates, as the gateway does.
+				waited, u := g.service.Waited(name, true, wait, wait+served)
+				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
+			}
+			g.service.ObserveStream(name, wait, served)
 			startQueued(e.site)
 		case refresh:
 			for k, g := range gws {

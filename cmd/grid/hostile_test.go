@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestLyingPeerCannotBuyTraffic runs three sites of real processes on
+// loopback: east, whose gateway the clients call, with an 16-slot engine;
+// west, an honest site with the same; and north, a site with a valid grid
+// certificate whose operator relays claimed idle providers: their metrics
+// come from an engine nothing is sent to, while every request north's
+// gateway takes goes to one 8-slot engine. North claims one provider, then
+// 64. Before earned capacity, the 64-provider claim filled every place a
+// pick weighs and took 40% of east's requests, and west got none.
+//
+// The test asserts what a user of east sees: north draws no more claiming
+// 64 providers than claiming one (beyond noise), and west, with room, gets
+// at least half its share of the capacity.
+func TestLyingPeerCannotBuyTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three sites of real processes under load")
+	}
+	share := map[int]map[string]float64{}
+	for _, claimed := range []int{1, 64} {
+		share[claimed] = runLyingPeer(t, claimed)
+		t.Logf("north claims %d provider(s): shares of east's requests %v", claimed, share[claimed])
+	}
+	// Capacity shares: east 16, west 16, north 8 (what it serves).
+	if d := share[64]["north"] - share[1]["north"]; d > 0.1 {
+		t.Errorf("claiming 64 providers north draws %.2f, claiming one %.2f", share[64]["north"], share[1]["north"])
+	}
+	for claimed, s := range share {
+		if s["west"] < 0.5*16/40 {
+			t.Errorf("north claiming %d: west, with room, drew %.2f, under half its capacity share (%.2f)", claimed, s["west"], 16.0/40)
+		}
+	}
+}
+
+// runLyingPeer starts the three sites with north claiming claimed
+// providers, sends east's gateway 24 concurrent clients of ~1 s chat
+// completions for 15 s once all three sites are drawn on, and returns each
+// site's share of the answers.
+func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	for _, args := range [][]string{
+		{"certs", "init", "--dir", certs},
+		{"certs", "issue", "--dir", certs, "--site", "east"},
+		{"certs", "issue", "--dir", certs, "--site", "west"},
+		{"certs", "issue", "--dir", certs, "--site", "north"},
+	} {
+		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
+			t.Fatalf("grid %v: %v\n%s", args, err, out)
+		}
+	}
+	type site struct {
+		engine, metrics                 string // the serving engine, and where its providers' metrics come from
+		signals, opMetrics, client, hop string
+		gwMetrics                       string
+		peers                           []string
+		providers                       int
+	}
+	sites := map[string]*site{
+		"east":  {peers: []string{"west", "north"}, providers: 1},
+		"west":  {peers: []string{"east"}, providers: 1},
+		"north": {peers: []string{"east"}, providers: claimed},
+	}
+	names := []string{"east", "west", "north"}
+	for _, n := range names {
+		s := sites[n]
+		s.engine, s.signals, s.opMetrics, s.client, s.hop, s.gwMetrics = freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+		endpoints := "2"
+		if n == "north" {
+			endpoints = "1"
+		}
+		start(t, "sim", "--kind", "epp", "--listen", s.engine, "--endpoints", endpoints, "--slots", "8", "--ttft", "10ms", "--tpot", "5ms")
+		s.metrics = s.engine
+		if n == "north" {
+			// North's providers report an engine nothing is sent to: idle,
+			// whatever north's gateway holds.
+			s.metrics = freePort(t)
+			start(t, "sim", "--kind", "epp", "--listen", s.metrics, "--endpoints", "8", "--slots", "8")
+		}
+	}
+	for _, n := range names {
+		s := sites[n]
+		tlsBlock := fmt.Sprintf("tls: {ca: %[1]s/ca.crt, cert: %[1]s/%[2]s.crt, key: %[1]s/%[2]s.key}", certs, n)
+		var peers, providers strings.Builder
+		for _, p := range s.peers {
+			fmt.Fprintf(&peers, "  - {site: %s, signals: \"https://%s\", gateway: \"https://%s\"}\n", p, sites[p].signals, sites[p].hop)
+		}
+		for i := range s.providers {
+			fmt.Fprintf(&providers, "  - {name: %s-%02d, model: Qwen/Qwen3-8B, kind: epp, upstream: \"http://%s\", metrics: {endpoint: \"http://%s\", staleAfter: 2s}}\n",
+				n, i, s.engine, s.metrics)
+		}
+		op := fmt.Sprintf("site: %s\n%s\nsignals: {listen: %q}\nmetrics: {listen: %q}\nstateDir: %s\nscrapeInterval: 200ms\npeerPollInterval: 1s\npeerPoll: {ttl: 4s, timeout: 1s, budget: 2s}\npeers:\n%sproviders:\n%s",
+			n, tlsBlock, s.signals, s.opMetrics, filepath.Join(dir, "state-"+n), peers.String(), providers.String())
+		gw := fmt.Sprintf("site: %s\n%s\nlisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: \"https://%s\"}\npollInterval: 500ms\n",
+			n, tlsBlock, s.client, s.hop, s.gwMetrics, s.signals)
+		opFile, gwFile := filepath.Join(dir, n+"-operator.yaml"), filepath.Join(dir, n+"-gateway.yaml")
+		os.WriteFile(opFile, []byte(op), 0o600)
+		os.WriteFile(gwFile, []byte(gw), 0o600)
+		start(t, "operator", "--config", opFile)
+		start(t, "gateway", "--config", gwFile)
+	}
+	east := sites["east"]
+	eventually(t, "east's gateway answers", 15*time.Second, func() bool { return httpGet("http://"+east.client+"/v1/models") != "" })
+	g := &faultGrid{t: t, sites: map[string]*faultSite{"east": {gwMetrics: east.gwMetrics}}}
+	for _, n := range names {
+		g.waitReady("east", n, true, 30*time.Second)
+	}
+
+	var mu sync.Mutex
+	served := map[string]int{}
+	total := 0
+	stop := time.Now().Add(15 * time.Second)
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 30 * time.Second}
+	for range 24 {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":200}`))
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				if resp.StatusCode == http.StatusOK {
+					served[resp.Header.Get("X-Grid-Site")]++
+				}
+				total++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	out := map[string]float64{}
+	for site, n := range served {
+		out[site] = float64(n) / float64(total)
+	}
+	if total < 100 {
+		t.Fatalf("only %d answers in 15 s: %v", total, served)
+	}
+	return out
+}
