@@ -126,11 +126,6 @@ func TestHopRefusesNonPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
-		Peers: []signals.ServingPeer{{Site: "west"}, {Site: "north-east", Models: []string{"other-model"}}}})
-	g.refresh()
-	g.firstOnce.Do(func() { close(g.first) })
-
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +152,17 @@ func TestHopRefusesNonPeers(t *testing.T) {
 		return resp.StatusCode, resp.Header
 	}
 	post := func(from *identity.Source) (int, http.Header) { return postModel(from, sim.DefaultModel) }
+	// Before its first read of its operator the gateway does not know its
+	// peers: a grid site's request is handed back undelivered (the entry
+	// gateway tries elsewhere), not refused as a stranger's (a restarted
+	// gateway answered its peers 403 until its first poll).
+	if code, h := post(load("west")); code != http.StatusServiceUnavailable || h.Get(headerNotDelivered) != "1" {
+		t.Errorf("a peer before the first operator read: %d, not-delivered %q; want 503, handed back", code, h.Get(headerNotDelivered))
+	}
+	g.serving.Store(&signals.Serving{Site: "east", Providers: []signals.ServingProvider{{Name: "pool", Model: sim.DefaultModel, Upstream: "http://127.0.0.1:9"}},
+		Peers: []signals.ServingPeer{{Site: "west"}, {Site: "north-east", Models: []string{"other-model"}}}})
+	g.refresh()
+	g.firstOnce.Do(func() { close(g.first) })
 	if code, _ := post(load("north")); code != http.StatusForbidden {
 		t.Errorf("a grid site that is not a peer: %d, want 403", code)
 	}

@@ -64,6 +64,16 @@ type hopHandler struct {
 
 func (h *hopHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := h.g.id.Classify(r.TLS)
+	if c.Class == identity.Peer && h.g.serving.Load() == nil {
+		// Who this site's peers are comes from its operator, which this
+		// gateway (just started) has not read yet: the request is not
+		// refused as a stranger's but handed back undelivered, and the
+		// entry gateway tries elsewhere (a restarted gateway answered
+		// 403 to its peers until its first poll).
+		w.Header().Set(headerNotDelivered, "1")
+		errOperatorUnreachable.write(w, 0)
+		return
+	}
 	peer, ok := h.g.peer(c.Site)
 	if c.Class != identity.Peer || !ok {
 		// A grid certificate is not enough: only this site's peers
