@@ -2,6 +2,7 @@ package sitebench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -249,22 +250,29 @@ func (st *stack) startGateway(s *site, k int, certs string) error {
 	return waitHTTP(p, "http://"+s.gwMetrics[k]+"/healthz", 15*time.Second)
 }
 
-// restartGateways stops every gateway replica and starts it again, with
-// what it learned gone (the restart scenario); operators stay up.
+// restartGateways restarts every gateway replica, all at once, with what
+// it learned gone (the restart scenario); operators stay up. Each replica
+// is stopped (SIGTERM: it drains) and started again on its own, as a
+// process supervisor restarts each: stopped one after the other, the last
+// site's replicas stayed up until every drain before theirs had ended.
 func (st *stack) restartGateways(certs string) error {
-	for _, s := range st.sites {
-		for _, p := range s.gws {
-			p.stop(10 * time.Second)
-		}
-	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
 	for _, s := range st.sites {
 		for k := range s.replicas {
-			if err := st.startGateway(s, k, certs); err != nil {
-				return err
-			}
+			wg.Go(func() {
+				s.gws[k].stop(10 * time.Second)
+				if err := st.startGateway(s, k, certs); err != nil {
+					mu.Lock()
+					first = cmp.Or(first, err)
+					mu.Unlock()
+				}
+			})
 		}
 	}
-	return nil
+	wg.Wait()
+	return first
 }
 
 // nginxConfig is one nginx instance in front of every site's sim, weighted
