@@ -46,9 +46,9 @@ func TestLyingPeerCannotBuyTraffic(t *testing.T) {
 }
 
 // runLyingPeer starts the three sites with north claiming claimed
-// providers, sends east's gateway 24 concurrent clients of ~1 s chat
-// completions for 15 s once all three sites are drawn on, and returns each
-// site's share of the answers.
+// providers, sends east's gateway 24 concurrent clients of ~1 s streamed
+// chat completions for 15 s once all three sites are drawn on, and returns
+// each site's share of the answers.
 func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
@@ -86,9 +86,11 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 		s.metrics = s.engine
 		if n == "north" {
 			// North's providers report an engine nothing is sent to: idle,
-			// whatever north's gateway holds.
+			// whatever north's gateway holds, with as many ready endpoints
+			// as east and west (a claim of more is its own attack:
+			// docs/security.md).
 			s.metrics = freePort(t)
-			start(t, "sim", "--kind", "epp", "--listen", s.metrics, "--endpoints", "8", "--slots", "8")
+			start(t, "sim", "--kind", "epp", "--listen", s.metrics, "--endpoints", "2", "--slots", "8")
 		}
 	}
 	for _, n := range names {
@@ -129,7 +131,7 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 		wg.Go(func() {
 			for time.Now().Before(stop) {
 				resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json",
-					strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":200}`))
+					strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}`))
 				if err != nil {
 					continue
 				}

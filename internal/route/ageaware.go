@@ -486,8 +486,10 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs 
 	i := group[k]
 	c, a := &s.Candidates[i], &pk.cands[i]
 	a.count(c, nowMs, w.board[k])
+	// Room is the site's: a provider of an eighth of a slot never has a
+	// whole one, and its site's answers would then never teach the pace.
 	sw := &w.sites[site]
-	room := hasRoom(c, w.load[k]) && (a.served == nil || sw.load*sw.capacity+1 <= sw.capacity+levelSlack)
+	room := sw.load*sw.capacity+1 <= sw.capacity+levelSlack
 	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room}
 }
 

@@ -66,6 +66,9 @@ type Reading struct {
 	DeepestQueue   Opt
 	// KV is the window-worst KV-cache mean plus its spread, 0..1.
 	KV Opt
+	// Ready is the latest ready count (endpoints of a pool, engines of a
+	// server): the units the ceiling floor is credited per.
+	Ready Opt
 }
 
 // plausible keeps a finite value up to 1e6, clamping negatives to 0.
@@ -185,6 +188,9 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 	if kv := windowWorst(v.Series[firstPresent(v, kvNames)], now, window); kv.OK {
 		spread := windowWorst(v.Series[signals.EPPStdDevKV], now, window)
 		r.KV = some(min(1, kv.V+spread.V))
+	}
+	if haveReady {
+		r.Ready = plausible(ready.Value)
 	}
 	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {
 		r.Unready = true

@@ -1303,3 +1303,30 @@ func TestQueueShownIsNoContradiction(t *testing.T) {
 		t.Errorf("a site that showed its queue: trust %.2f", tr)
 	}
 }
+
+// TestCeilingFloorPerReadyUnit: before traffic has shown a site's capacity,
+// the floor is credited per ready unit, so a cold start splits by them: a
+// pool of four ready endpoints beside one of one draws four fifths, where
+// both read as one floor drew half each and the small one queued.
+func TestCeilingFloorPerReadyUnit(t *testing.T) {
+	w := newWorld(t, "small", "large")
+	w.ageAware, w.meanMs = true, 1000
+	w.publish("small", 1000, obs{running: 0, ready: 1, queue: f(0)})
+	w.publish("large", 1000, obs{running: 0, ready: 4, queue: f(0)})
+	snap := w.build(1000)
+	if c := find(snap, "large"); c.Ceiling != 4*w.set.CeilingFloor {
+		t.Errorf("four ready endpoints: ceiling %g, want %g", c.Ceiling, 4*w.set.CeilingFloor)
+	}
+	if c := find(snap, "small"); c.Ceiling != w.set.CeilingFloor {
+		t.Errorf("one ready endpoint: ceiling %g, want %g", c.Ceiling, w.set.CeilingFloor)
+	}
+	large := 0
+	for turn := range uint64(1000) {
+		if p := snap.Pick("m", turn, 1000+int64(turn)*100); p.Candidate.Site == "large" {
+			large++
+		}
+	}
+	if got := float64(large) / 1000; math.Abs(got-0.8) > 0.05 {
+		t.Errorf("the four-endpoint pool drew %.2f, want about 0.8", got)
+	}
+}

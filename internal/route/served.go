@@ -92,17 +92,25 @@ func (s *Served) InFlight() float64 {
 }
 
 // Trust is the share of its claimed capacity the site is read at: one
-// while its board agrees with what its answers show, falling with the
-// share of answers that contradicted it, to a floor of minTrust (so a site
-// that mends is sent enough to show it).
+// while its board agrees with what its answers show, falling three times
+// as fast as the share of answers that contradicted it, to a floor of
+// minTrust (so a site that mends is sent enough to show it). An honest
+// board is contradicted by next to none of its answers; a board that
+// claims room while its queue holds this gateway's requests is
+// contradicted by most of them once they wait, and a third of them is
+// enough to read it at its floor.
 func (s *Served) Trust() float64 {
 	if s == nil {
 		return 1
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return max(1-s.contradicted, minTrust)
+	return max(1-distrustGain*s.contradicted, minTrust)
 }
+
+// distrustGain is how much faster trust falls than the share of answers
+// the site's board contradicted.
+const distrustGain = 3
 
 // minTrust is the least share of its claims a site is read at.
 const minTrust = 0.05

@@ -53,8 +53,9 @@ func (s *Service) Served(site, model string) *Served {
 // what the site's unloaded answers take: a stream's time to first token
 // beyond the least of the site's recent streams (their prefill), a whole
 // answer's duration beyond twice the site's unit (its own length varies
-// with what it was asked, and only a wait beyond that is evidence). It is
-// what Served.End judges a promise by, with the unit it is judged in.
+// with what it was asked, and only a wait beyond that is evidence: a whole
+// answer shows a queue far less surely than a stream's first token). It is
+// what Served.End judges a claim by, with the unit it is judged in.
 func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64) (waitedMs, unitMs float64) {
 	unitMs = s.MeanMs()
 	if v, ok := s.SiteMs(site); ok && v > 0 {

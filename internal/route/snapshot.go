@@ -407,6 +407,14 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 	if r.Unready {
 		c.Admission = Excluded
 	}
+	// The ceiling floor is credited per ready unit: a pool of four ready
+	// endpoints is, until it shows more, four engines of the floor's size,
+	// not one. It is what a gateway knows of capacity before any traffic
+	// has shown it (a cold start), and it keeps the proportions of sites
+	// of like engines (docs/routing.md, capacity).
+	if r.Ready.OK && r.Ready.V > 1 {
+		set.CeilingFloor *= r.Ready.V
+	}
 	if r.InFlight.OK {
 		// Capacity is learned from the current provider identity's samples
 		// only: an engine that restarted or was reconfigured is not the

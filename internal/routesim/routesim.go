@@ -82,10 +82,27 @@ const (
 	// SmallSites divides every site's slots by four (at least one), so
 	// most sites are smaller than the ceiling floor (8).
 	SmallSites Change = "small-sites"
+	// ColdStart measures the requests that arrive in the first
+	// windowRefreshes refresh intervals of an empty grid at full load:
+	// what a site sees after a deploy, before any gateway has a reading.
+	ColdStart Change = "cold-start"
+	// Restart runs warmRefreshes refresh intervals, then every gateway
+	// restarts (nothing learned, nothing counted; each reads the readings
+	// its operator holds, with their ages) and the requests of the next
+	// windowRefreshes intervals are measured.
+	Restart Change = "restart"
 )
 
 // Changes lists the scenarios.
-var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites}
+var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites, ColdStart, Restart}
+
+// The windows of the cold-start and restart scenarios, in refresh
+// intervals (T): measured for windowRefreshes after the event; the restart
+// comes after warmRefreshes of warm-up.
+const (
+	windowRefreshes = 20
+	warmRefreshes   = 20
+)
 
 // Config is one experiment.
 type Config struct {
@@ -122,7 +139,16 @@ const (
 	refresh // readings refresh: of one gateway or all (gw < 0), of one site or all (site < 0)
 	rebuild // a gateway rebuilds its snapshot (its poll)
 	swap    // the sites' capacities reverse (CapacitySwap)
+	restart // every gateway restarts (Restart)
 )
+
+// reading is one site's published reading: its in-system count at an
+// instant.
+type reading struct {
+	at       float64 // 0: none yet
+	inSystem int
+	slots    int
+}
 
 type event struct {
 	at   float64
@@ -208,7 +234,9 @@ func Run(cfg Config) Result {
 	// 10 s requests.
 	set.CeilingHalfLifeMs = 60 * unit
 	gws := make([]*gateway, cfg.Gateways)
-	for k := range gws {
+	// newGateway makes a gateway that knows nothing: at the start, and
+	// when it restarts.
+	newGateway := func() *gateway {
 		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
 			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
 		g.service = &route.Service{}
@@ -221,8 +249,14 @@ func Run(cfg Config) Result {
 		for i := range sites {
 			g.cands = append(g.cands, route.Candidate{Model: "m", Site: fmt.Sprintf("s%02d", i), Provider: "p", Upstream: &url.URL{Host: "x"}})
 		}
-		gws[k] = g
+		return g
 	}
+	for k := range gws {
+		gws[k] = newGateway()
+	}
+	// published is each site's latest reading as its operator holds it:
+	// what a gateway that restarts reads first.
+	published := make([]reading, len(sites))
 
 	var q events
 	seq := 0
@@ -255,12 +289,22 @@ func Run(cfg Config) Result {
 	// readings nothing is measured, and with readings ten mean durations
 	// apart the queues a blind start builds outlast the tenth of the run
 	// that is dropped below (docs/routing.md).
-	measureFrom := 10 * T
-	if cfg.Scenario == CapacitySwap {
+	measureFrom, measureUntil := 10*T, math.Inf(1)
+	switch cfg.Scenario {
+	case CapacitySwap:
 		swapAt := float64(cfg.Requests) / lambda / 2
 		push(event{at: swapAt, kind: swap})
 		measureFrom = swapAt + 100
+	case ColdStart:
+		measureFrom, measureUntil = 0, windowRefreshes*T
+	case Restart:
+		restartAt := warmRefreshes * T
+		push(event{at: restartAt, kind: restart})
+		measureFrom, measureUntil = restartAt, restartAt+windowRefreshes*T
 	}
+	// windowed: the run measures the requests of a window, not a count.
+	windowed := !math.IsInf(measureUntil, 1)
+	pending := 0 // requests of the window not yet departed
 	service := func() float64 {
 		if cfg.Sigma > 0 {
 			return math.Exp(cfg.Sigma*arrivalRng.NormFloat64() - cfg.Sigma*cfg.Sigma/2)
@@ -280,9 +324,12 @@ func Run(cfg Config) Result {
 			push(event{at: now + next.service, kind: departure, site: i, req: next})
 		}
 	}
-	for q.Len() > 0 && len(times) < cfg.Requests {
+	for q.Len() > 0 && (windowed || len(times) < cfg.Requests) {
 		e := heap.Pop(&q).(event)
 		now = e.at
+		if windowed && now >= measureUntil && pending == 0 {
+			break
+		}
 		switch e.kind {
 		case arrival:
 			// Arrivals before measuring starts do not count against the
@@ -292,7 +339,10 @@ func Run(cfg Config) Result {
 			if now >= measureFrom {
 				arrivals++
 			}
-			if arrivals < cfg.Requests*4 {
+			if now >= measureFrom && now < measureUntil {
+				pending++
+			}
+			if windowed || arrivals < cfg.Requests*4 {
 				push(event{at: now + arrivalRng.ExpFloat64()/lambda, kind: arrival})
 			}
 			k := arrivalRng.IntN(len(gws))
@@ -314,8 +364,9 @@ func Run(cfg Config) Result {
 			s := &sites[e.site]
 			s.running--
 			d := now - e.req.arrived
-			if e.req.arrived >= measureFrom {
+			if e.req.arrived >= measureFrom && e.req.arrived < measureUntil {
 				times = append(times, d)
+				pending--
 			}
 			// Every request streams; its first token comes as its service
 			// starts (no prefill modelled), so the gateway sees the wait
@@ -342,8 +393,17 @@ func Run(cfg Config) Result {
 						g.own[i] = 0
 					}
 				}
-				if stack {
-					g.ingest(sites, e.site, now)
+			}
+			for i := range sites {
+				if e.site < 0 || i == e.site {
+					published[i] = reading{at: now, inSystem: sites[i].inSystem(), slots: sites[i].slots}
+				}
+			}
+			if stack {
+				for k, g := range gws {
+					if e.gw < 0 || k == e.gw {
+						g.ingest(published, e.site, now)
+					}
 				}
 			}
 			push(event{at: now + T, kind: refresh, gw: e.gw, site: e.site})
@@ -351,6 +411,17 @@ func Run(cfg Config) Result {
 			g := gws[e.gw]
 			g.snap = g.builder.Build(g.store, g.cands, int64(now*unit), nil, set)
 			push(event{at: now + poll, kind: rebuild, gw: e.gw})
+		case restart:
+			for k := range gws {
+				g := newGateway()
+				for i, r := range published {
+					g.board[i] = r.inSystem
+				}
+				if stack {
+					g.ingest(published, -1, now)
+				}
+				gws[k] = g
+			}
 		case swap:
 			for i, j := 0, len(sites)-1; i < j; i, j = i+1, j-1 {
 				sites[i].slots, sites[j].slots = sites[j].slots, sites[i].slots
@@ -360,8 +431,10 @@ func Run(cfg Config) Result {
 			}
 		}
 	}
-	// Drop the warm-up tenth.
-	times = times[len(times)/10:]
+	if !windowed {
+		// Drop the warm-up tenth.
+		times = times[len(times)/10:]
+	}
 	var sum float64
 	for _, t := range times {
 		sum += t
@@ -371,25 +444,31 @@ func Run(cfg Config) Result {
 }
 
 // ingest feeds the gateway the rows an operator would relay for one site
-// (only < 0: every site) at the refresh instant: running, queued and ready
-// per pool, the deepest queue, and a complete batch.
-func (g *gateway) ingest(sites []site, only int, now float64) {
-	ms := int64(now * unit)
+// (only < 0: every site) as published: running, queued and ready per pool,
+// the deepest queue, and a complete batch, at the reading's instant.
+func (g *gateway) ingest(published []reading, only int, now float64) {
 	var b strings.Builder
-	for i := range sites {
-		if only >= 0 && i != only {
+	for i, r := range published {
+		if (only >= 0 && i != only) || r.at == 0 {
 			continue
 		}
-		s := &sites[i]
+		ms := int64(r.at * unit)
 		lbl := fmt.Sprintf(`grid_provider="p",grid_site="s%02d"`, i)
-		run, queued := min(s.inSystem(), s.slots), max(s.inSystem()-s.slots, 0)
+		// A pool of one endpoint per 8 slots, as grid bench sites runs
+		// it: its averages are per endpoint.
+		run, queued := min(r.inSystem, r.slots), max(r.inSystem-r.slots, 0)
+		ready := float64(max(r.slots/8, 1))
 		g.seq++
-		fmt.Fprintf(&b, "llm_d_epp_average_running_requests{%s,name=\"p\"} %d %d\n", lbl, run, ms)
-		fmt.Fprintf(&b, "llm_d_epp_average_queue_size{%s,name=\"p\"} %d %d\n", lbl, queued, ms)
-		fmt.Fprintf(&b, "llm_d_epp_ready_endpoints{%s,name=\"p\"} 1 %d\n", lbl, ms)
+		fmt.Fprintf(&b, "llm_d_epp_average_running_requests{%s,name=\"p\"} %g %d\n", lbl, float64(run)/ready, ms)
+		fmt.Fprintf(&b, "llm_d_epp_average_queue_size{%s,name=\"p\"} %g %d\n", lbl, float64(queued)/ready, ms)
+		fmt.Fprintf(&b, "llm_d_epp_ready_endpoints{%s,name=\"p\"} %g %d\n", lbl, ready, ms)
 		fmt.Fprintf(&b, "llm_d_epp_per_endpoint_queue_size{%s,model_server_endpoint=\"e\",name=\"p\"} %d %d\n", lbl, queued, ms)
 		fmt.Fprintf(&b, "grid_provider_config_generation{batch_samples=\"4\",batch_sequence=\"%d\",%s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n", g.seq, lbl, ms)
 	}
+	if b.Len() == 0 {
+		return
+	}
+	ms := int64(now * unit)
 	g.store.Ingest([]byte(b.String()), ms, ms, ms, signals.Origin{Site: "hub", Relay: true})
 }
 
