@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -64,15 +65,35 @@ type HistoryNote struct {
 	Text string `json:"text"`
 }
 
-// history is the ring. Any goroutine may touch it, under mu.
+// history is the ring. Any goroutine may touch it, under mu, but for the
+// encoded answer, which readers load without it.
 type history struct {
 	mu     sync.Mutex
 	points []HistoryPoint
 	notes  []HistoryNote
+	// version counts the changes to points and notes (mu): an encoded
+	// answer of an older version is stale.
+	version uint64
 	// since the last point:
 	ttft        map[string][]float64
 	picks       map[string]uint64 // cumulative picks at the last point
 	shed, unavl uint64
+
+	// encoded is the latest encoded answer; encodeMu makes one reader
+	// encode a new version while the others wait for it, and encodes
+	// counts the encodings (tests). The dashboard's reads cost one
+	// encoding per point, however many clients ask: 50 clients polling
+	// it cost 3.1 s of the gateway's CPU in 15 s when each was encoded.
+	encoded  atomic.Pointer[encodedHistory]
+	encodeMu sync.Mutex
+	encodes  atomic.Uint64
+}
+
+// encodedHistory is GET /api/history's body for one version and site.
+type encodedHistory struct {
+	version uint64
+	site    string
+	body    []byte
 }
 
 func newHistory() *history {
@@ -125,6 +146,7 @@ func (h *history) record(v SnapshotView, at time.Time) {
 		p.Sites[c.Site] = sp
 	}
 	h.points = append(h.points, p)
+	h.version++
 	// A wall clock set back keeps points the window cannot age out: the
 	// count bounds them too.
 	drop := max(olderThan(h.points, p.AtMs-historyWindow.Milliseconds(), func(p HistoryPoint) int64 { return p.AtMs }),
@@ -142,6 +164,7 @@ func (h *history) note(text string, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.notes = append(h.notes, HistoryNote{AtMs: at.UnixMilli(), Text: text})
+	h.version++
 	h.notes = slices.Delete(h.notes, 0, olderThan(h.notes, at.UnixMilli()-historyWindow.Milliseconds(), func(n HistoryNote) int64 { return n.AtMs }))
 	if len(h.notes) > historyNotes {
 		h.notes = slices.Delete(h.notes, 0, len(h.notes)-historyNotes)
@@ -157,10 +180,40 @@ func olderThan[T any](items []T, oldestMs int64, atMs func(T) int64) int {
 	return n
 }
 
-func (h *history) view(site string) HistoryView {
+func (h *history) view(site string) (HistoryView, uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return HistoryView{Site: site, Points: slices.Clone(h.points), Notes: slices.Clone(h.notes)}
+	return HistoryView{Site: site, Points: slices.Clone(h.points), Notes: slices.Clone(h.notes)}, h.version
+}
+
+// current is the version the history is at.
+func (h *history) current() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.version
+}
+
+// answer is the encoded view for site at the history's current version,
+// encoded once per version.
+func (h *history) answer(site string) []byte {
+	fresh := func(e *encodedHistory) bool { return e != nil && e.site == site && e.version == h.current() }
+	if e := h.encoded.Load(); fresh(e) {
+		return e.body
+	}
+	h.encodeMu.Lock()
+	defer h.encodeMu.Unlock()
+	if e := h.encoded.Load(); fresh(e) {
+		return e.body
+	}
+	v, version := h.view(site)
+	body, err := json.Marshal(v)
+	if err != nil {
+		return []byte("{}")
+	}
+	body = append(body, '\n')
+	h.encodes.Add(1)
+	h.encoded.Store(&encodedHistory{version: version, site: site, body: body})
+	return body
 }
 
 // Note adds a note to the dashboard's history (the demo tells its story
@@ -170,5 +223,5 @@ func (g *Gateway) Note(text string) { g.hist.note(text, g.clk.Now()) }
 func (g *Gateway) serveHistory(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	json.NewEncoder(w).Encode(g.hist.view(g.cfg.Load().Site))
+	w.Write(g.hist.answer(g.cfg.Load().Site))
 }

@@ -56,7 +56,8 @@ func TestDashboardInChromium(t *testing.T) {
 		g.picks.add("east")
 		g.hist.record(g.View(), at)
 	}
-	kept := g.hist.view("east").Points
+	view, _ := g.hist.view("east")
+	kept := view.Points
 	if span := time.Duration(kept[len(kept)-1].AtMs-kept[0].AtMs) * time.Millisecond; len(kept) != 301 || span != historyWindow {
 		t.Fatalf("the gateway kept %d points over %v, want a point a second over %v", len(kept), span, historyWindow)
 	}
