@@ -66,9 +66,12 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 			return fmt.Errorf("%s listener: %w", name, err)
 		}
 		// Connection caps apply at accept, before the hop's TLS handshake.
-		listeners[name] = gw.Guard(name, ln)
+		var conf *tls.Config
+		if name == gateway.HopListener {
+			conf = gateway.HopTLS(id)
+		}
+		listeners[name] = gw.Guard(name, ln, conf)
 	}
-	listeners[gateway.HopListener] = tls.NewListener(listeners[gateway.HopListener], gateway.HopTLS(id))
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	servers := map[gateway.Listener]*http.Server{}
 	for _, name := range gateway.Listeners {

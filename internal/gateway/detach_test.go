@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -18,6 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -104,7 +108,7 @@ func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
 	}
 	srv := g.Server(ClientListener, nil)
 	done := make(chan struct{})
-	go func() { srv.Serve(g.Guard(ClientListener, ln)); close(done) }()
+	go func() { srv.Serve(g.Guard(ClientListener, ln, nil)); close(done) }()
 	t.Cleanup(func() { srv.Close(); <-done; g.Close() })
 	return g, ln.Addr().String()
 }
@@ -147,11 +151,52 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestDetachedStreamKeepsItsConnection(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
-	client := &http.Client{Transport: &http.Transport{}}
+	detachedStreamKeepsItsConnection(t, g, up, "http://"+addr, &http.Client{Transport: &http.Transport{}})
+}
+
+// TestDetachedStreamOverTLSKeepsItsConnection: the same on a client
+// listener that serves TLS, which Guard layers under the way back in.
+// Wrapped the other way round (TLS around the rejoining listener), a
+// connection handed back was handshaken again and the client's next
+// request got 400.
+func TestDetachedStreamOverTLSKeepsItsConnection(t *testing.T) {
+	up := newSSEUpstream(t)
+	dir := t.TempDir()
+	now := time.Now()
+	identity.Init(dir, "grid.internal", now)
+	identity.Issue(dir, "east", nil, now)
+	src, err := identity.LoadSource(config.TLS{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "east.crt"), Key: filepath.Join(dir, "east.key")},
+		"grid.internal", "east", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := benchGateway(t, up.URL)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := g.Server(ClientListener, log.New(io.Discard, "", 0))
+	done := make(chan struct{})
+	go func() { srv.Serve(g.Guard(ClientListener, ln, HopTLS(src))); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done; g.Close() })
+	conf, err := src.ClientTLS("east")
+	if err != nil {
+		t.Fatal(err)
+	}
+	detachedStreamKeepsItsConnection(t, g, up, "https://"+ln.Addr().String(), &http.Client{Transport: &http.Transport{TLSClientConfig: conf}})
+}
+
+// detachedStreamKeepsItsConnection sends two streams through the gateway
+// at base, each detached, and checks both whole and the second on the
+// first's connection.
+func detachedStreamKeepsItsConnection(t *testing.T, g *Gateway, up *sseUpstream, base string, client *http.Client) {
+	t.Helper()
 	var reused []bool
 	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = append(reused, i.Reused) }}
 	for turn := range 2 {
-		req := streamRequest(t, addr)
+		scheme, host, _ := strings.Cut(base, "://")
+		req := streamRequest(t, host)
+		req.URL.Scheme = scheme
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 		resp, err := client.Do(req)
 		if err != nil {

@@ -31,7 +31,7 @@ func serveGuarded(t *testing.T, g *Gateway, listener Listener, set func(*config.
 	}
 	srv := g.Server(ClientListener, nil)
 	done := make(chan struct{})
-	go func() { srv.Serve(g.Guard(listener, raw)); close(done) }()
+	go func() { srv.Serve(g.Guard(listener, raw, nil)); close(done) }()
 	t.Cleanup(func() {
 		// Shutdown, unlike Close, waits for every connection's goroutine.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -53,19 +53,30 @@ func (l Listener) String() string {
 }
 
 // Guard bounds ln, the given listener, by the configured limits, counting
-// the connections it sheds. The limits follow reloads (Reload). The
-// client listener also takes back the connections of detached streams
-// (detach.go), which its server then serves again.
-func (g *Gateway) Guard(listener Listener, ln net.Listener) net.Listener {
+// the connections it sheds, and serves TLS on it when conf is not nil. The
+// limits follow reloads (Reload). The client listener also takes back the
+// connections of detached streams (detach.go), which its server then
+// serves again.
+//
+// The layers have one order, and only Guard builds them: the caps at
+// accept, before a handshake can cost anything; then TLS; then the way
+// back in. A connection a detached stream hands back has done its
+// handshake, and a TLS listener wrapped around the rejoining one would
+// handshake it again: a kept-alive client's next request got 400.
+func (g *Gateway) Guard(listener Listener, ln net.Listener, conf *tls.Config) net.Listener {
 	shed, name := g.m.connsShed, listener.String()
 	gl := connlimit.New(ln, connLimits(listener, g.cfg.Load().Limits), func(limit string) { shed.WithLabelValues(name, limit).Inc() })
 	g.guards[listener].Store(gl)
+	var out net.Listener = gl
+	if conf != nil {
+		out = tls.NewListener(gl, conf)
+	}
 	if listener == ClientListener {
-		rj := newRejoinListener(gl)
+		rj := newRejoinListener(out)
 		g.rejoin.Store(rj)
 		return rj
 	}
-	return gl
+	return out
 }
 
 // connLimits are a listener's connection caps under lim.

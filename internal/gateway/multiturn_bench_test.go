@@ -332,7 +332,7 @@ func startAffinityGrid(tb testing.TB, slots []int, affinity string) ([]string, [
 		gw := startBenchGateway(tb, st.name, fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: '127.0.0.1:0'}\noperator: {signals: 'https://%s'}\npollInterval: 200ms\n%s",
 			st.name, benchTLS(dir, st.name), st.client, st.hop, st.signals, affinity), id)
 		srv := gw.Server(gateway.ClientListener, nil)
-		go srv.Serve(gw.Guard(gateway.ClientListener, st.lns["client"]))
+		go srv.Serve(gw.Guard(gateway.ClientListener, st.lns["client"], nil))
 		tb.Cleanup(func() { srv.Close() })
 		serve(tb, st.lns["hop"], gw.HopHandler(), gateway.HopTLS(id))
 		addrs = append(addrs, st.client)

@@ -229,7 +229,7 @@ func serveStreamGateway(b *testing.B, upstream string, n int) (string, func()) {
 		b.Fatal(err)
 	}
 	srv := g.Server(ClientListener, nil)
-	go srv.Serve(g.Guard(ClientListener, ln))
+	go srv.Serve(g.Guard(ClientListener, ln, nil))
 	return ln.Addr().String(), func() {
 		srv.Close()
 		g.Close()
