@@ -92,6 +92,37 @@ func TestSessionAffinity(t *testing.T) {
 		}
 	})
 
+	t.Run("every session on one site for all its turns", func(t *testing.T) {
+		g.t = t
+		// 12 sessions of 10 sequential turns at once: some first turns go
+		// to the peer site, and those sessions must stay there too (two
+		// of twelve once served their first turn west and the other nine
+		// east).
+		sites := make([][]string, 12)
+		var wg sync.WaitGroup
+		for k := range sites {
+			wg.Go(func() {
+				for n := range 10 {
+					sites[k] = append(sites[k], turn(t, entry, fmt.Sprintf("many-%d", k), n))
+				}
+			})
+		}
+		wg.Wait()
+		firstWest := 0
+		for k, s := range sites {
+			if s[0] == "west" {
+				firstWest++
+			}
+			for n, site := range s {
+				if site != s[0] {
+					g.logRouting(t)
+					t.Fatalf("session %d: turn %d went to %q, its first to %q (%v)", k, n, site, s[0], s)
+				}
+			}
+		}
+		t.Logf("12 sessions × 10 turns, each on one site; %d began west", firstWest)
+	})
+
 	t.Run("moves when its site is unavailable", func(t *testing.T) {
 		g.t = t
 		home := turn(t, entry, "chat-2", 0)

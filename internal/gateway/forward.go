@@ -30,8 +30,9 @@ import (
 // the detached stream that goes on copying the answer, if it was detached
 // (detach.go; the caller starts it). A request that came over the hop and
 // could not be delivered says so (headerNotDelivered), so the entry
-// gateway tries elsewhere as it would for a refused connection.
-func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detachedStream) {
+// gateway tries elsewhere as it would for a refused connection. The
+// request's session is bound where it was served (forward).
+func (x *exchange) deliver(pick route.Pick) (string, *detachedStream) {
 	g := x.g
 	var tried [2]string
 	for try := 0; try < 2; try++ {
@@ -52,19 +53,19 @@ func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detached
 			sv = g.service.Served(c.Site, c.Model)
 		}
 		sv.Begin()
+		x.attempt = pick
 		switch x.forward(c, began, &ans) {
 		case delivered:
-			served := affinity.Binding{Site: c.Site, Provider: ans.provider}
 			if s := ans.detached; s != nil {
 				room := pick.Room
 				s.observe = func(whole bool) { g.observeService(c.Site, sv, began, &ans, room, whole) }
-				return "routed", served, s
+				return "routed", s
 			}
 			g.observeService(c.Site, sv, began, &ans, pick.Room, true)
-			return "routed", served, nil
+			return "routed", nil
 		case failed:
 			sv.End(false, 0, 0, 0)
-			return "upstream_error", affinity.Binding{}, nil
+			return "upstream_error", nil
 		}
 		sv.End(false, 0, 0, 0)
 		g.m.retries.Inc()
@@ -81,7 +82,7 @@ func (x *exchange) deliver(pick route.Pick) (string, affinity.Binding, *detached
 		unreachable = errUpstreamUnreachable.about("site %q could not be reached, nor site %q after it", tried[0], tried[1])
 	}
 	unreachable.write(x.w, x.turn)
-	return "upstream_error", affinity.Binding{}, nil
+	return "upstream_error", nil
 }
 
 // alternative is the first candidate in snapshot order, other than tried,
@@ -236,6 +237,11 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 				resp.Header.Set(headerBackend, c.Provider)
 			}
 			ans.provider = resp.Header.Get(headerBackend)
+			// Bound now, before the answer reaches the client: bound after
+			// it, a session's next turn could arrive first and be drawn
+			// anew (two of twelve sessions began on the peer site and
+			// went on at this one).
+			g.bind(x.sess, x.attempt, affinity.Binding{Site: c.Site, Provider: ans.provider})
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied; its first byte is the time to
 			// first token the dashboard shows.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/grid-inference/grid/internal/affinity"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
@@ -390,5 +391,38 @@ func TestRefusalsNameWhatTheyAreAbout(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(g.m.decisions.WithLabelValues("east", "pool", "routed")); n < 1 {
 		t.Errorf("grid_route_decisions_total{site=east,reason=routed} = %v, want the attempt counted", n)
+	}
+}
+
+// TestSessionBoundBeforeTheAnswer: a session is bound as its answer's
+// headers come back, before the client can read the answer: a client
+// that sends its next turn the moment it has read one must find its
+// session bound. Bound after the answer had been copied, two of twelve
+// sessions on real processes began on the peer site and went on here.
+func TestSessionBoundBeforeTheAnswer(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer upstream.Close()
+	g := gatewayWithEastPoolAt(t, upstream.URL)
+	defer g.Close()
+	cfg := *g.cfg.Load()
+	cfg.Affinity.Header = "X-Session-Id"
+	g.cfg.Store(&cfg)
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	for n := range 300 {
+		key := fmt.Sprint("chat-", n)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"`+sim.DefaultModel+`"}`))
+		req.Header.Set("X-Session-Id", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if _, found := g.sessions.Lookup(sim.DefaultModel+"\x00"+key, g.clk.Now().UnixMilli()); found != affinity.Found {
+			t.Fatalf("request %d: the client had read its answer before its session was bound", n)
+		}
 	}
 }

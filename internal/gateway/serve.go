@@ -206,6 +206,12 @@ type exchange struct {
 	// entry gateway's session is bound to (headerBoundProvider).
 	boundProvider string
 	snap          *route.Snapshot
+	// sess is the request's session (affinity), and attempt the pick the
+	// attempt under way carries: the session is bound where the attempt's
+	// answer comes from, as its headers arrive (forward), before the
+	// client can read the answer and send its next turn.
+	sess    session
+	attempt route.Pick
 }
 
 // serveAPI answers one OpenAI API request: read the body, find the model,
@@ -289,6 +295,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	x.snap = g.view(x.peer)
 	pick, sess := x.pick(head.prompt)
+	x.sess = sess
 	if pick.Candidate == nil {
 		if pick.Outcome != route.Shed {
 			x.notDelivered()
@@ -296,8 +303,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		outcome = g.refusePick(w, x.model, pick.Outcome, x.turn)
 		return
 	}
-	outcome, served, detached := x.deliver(pick)
-	g.bind(sess, pick, served)
+	outcome, detached := x.deliver(pick)
 	if stream = detached; stream != nil {
 		g.streams.start(stream, observe)
 	}
