@@ -147,6 +147,16 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 		})
 	}
 	wg.Wait()
+	if served["west"] == 0 || served["north"] == 0 {
+		t.Logf("north claiming %d, a remote site drew nothing; east's snapshot: %s", claimed, httpGet("http://"+east.gwMetrics+"/api/snapshot"))
+		for _, n := range names {
+			for _, l := range strings.Split(httpGet("http://"+sites[n].gwMetrics+"/metrics"), "\n") {
+				if strings.HasPrefix(l, "grid_gateway_upstream") || strings.HasPrefix(l, "grid_gateway_decisions") || strings.HasPrefix(l, "grid_gateway_hop_refused") {
+					t.Log(n, " ", l)
+				}
+			}
+		}
+	}
 	out := map[string]float64{}
 	for site, n := range served {
 		out[site] = float64(n) / float64(total)

@@ -352,7 +352,7 @@ func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err e
 	g.m.upstreamErrors.WithLabelValues(c.Site, string(kind)).Inc()
 	g.log.Debug("upstream failure", "site", c.Site, "provider", c.Provider, "reason", kind, "err", err)
 	if kind.nothingSent() {
-		g.health.failed(c)
+		g.health.failed(c, began)
 		return
 	}
 	g.health.answered(c, http.StatusBadGateway, began)

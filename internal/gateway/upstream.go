@@ -158,11 +158,20 @@ func (h *health) eject(s *downState, reason string) {
 	}
 }
 
-// failed notes a refused connection: the upstream is ejected at once.
-func (h *health) failed(c *route.Candidate) {
+// failed notes an attempt begun at began that reached nothing (a refused
+// connection, an answer handed back undelivered): the upstream is
+// ejected at once. An attempt begun before the upstream's latest ejection
+// belongs to it: eight requests refused together by a peer gateway that
+// had not read its operator yet doubled the down period eight times, and
+// the site stayed out for minutes after it had mended.
+func (h *health) failed(c *route.Candidate, began time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.eject(h.state(c), ejectRefused)
+	s := h.state(c)
+	if began.Before(s.ejectedAt) {
+		return
+	}
+	h.eject(s, ejectRefused)
 }
 
 // answered notes the answer status of a request sent at began. A failure

@@ -57,12 +57,28 @@ func TestPassiveHealth(t *testing.T) {
 		t.Error("ejected though the 5xx were not in a row")
 	}
 	// A refused connection ejects at once; other upstreams are unaffected.
-	h.failed(west)
+	sent := clk.Now()
+	clk.Advance(time.Millisecond)
+	h.failed(west, sent)
 	if !h.isDown(west) || h.isDown(east) || ejections[len(ejections)-1] != ejectRefused {
 		t.Errorf("refused: west down %v, east down %v, ejections %v", h.isDown(west), h.isDown(east), ejections)
 	}
+	// Attempts sent with the first, refused after it, belong to its
+	// ejection: they do not double the period.
+	n := len(ejections)
+	for range 7 {
+		h.failed(west, sent)
+	}
+	if len(ejections) != n {
+		t.Errorf("7 refusals of attempts sent before the ejection ejected %d times more", len(ejections)-n)
+	}
+	clk.Advance(2 * time.Second)
+	if h.isDown(west) {
+		t.Error("refusals of attempts sent before the ejection grew its period")
+	}
 	for range 10 {
-		h.failed(west)
+		clk.Advance(time.Millisecond)
+		h.failed(west, clk.Now())
 	}
 	clk.Advance(29 * time.Second)
 	if !h.isDown(west) {

@@ -119,7 +119,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 				sv = p.pace.Served(c.Site, c.Model)
 				served[k] = sv
 			}
-			a.served, a.trust = sv, sv.Trust()
+			a.served, a.trust = sv, sv.Trust(now)
 		}
 		if c.latestAt == 0 {
 			continue

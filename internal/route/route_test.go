@@ -1248,7 +1248,7 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 		sv.Begin()
 		sv.End(true, 3500, 3000, 1000)
 	}
-	if tr := sv.Trust(); tr > 0.2 {
+	if tr := sv.Trust(3500); tr > 0.2 {
 		t.Fatalf("trust after 40 contradicted answers: %.2f", tr)
 	}
 	snap = w.build(2000)
@@ -1265,7 +1265,7 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	honest := w.served["west"]
 	honest.Begin()
 	honest.End(true, 6000, 3000, 1000)
-	if tr := honest.Trust(); tr != 1 {
+	if tr := honest.Trust(6000); tr != 1 {
 		t.Errorf("a wait that ended before the reading was contradicted: trust %.2f", tr)
 	}
 	// Answers that agree with the board earn the trust back.
@@ -1276,7 +1276,7 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 		sv.Begin()
 		sv.End(true, 3500, 0, 1000)
 	}
-	if tr := sv.Trust(); tr < 0.95 {
+	if tr := sv.Trust(3500); tr < 0.95 {
 		t.Errorf("trust after 100 agreeing answers: %.2f", tr)
 	}
 	if got := shares(w.build(2000), 2000)["hostile"]; got < before-0.05 {
@@ -1299,7 +1299,7 @@ func TestQueueShownIsNoContradiction(t *testing.T) {
 		sv.Begin()
 		sv.End(true, 3500, 3000, 1000)
 	}
-	if tr := sv.Trust(); tr != 1 {
+	if tr := sv.Trust(3500); tr != 1 {
 		t.Errorf("a site that showed its queue: trust %.2f", tr)
 	}
 }
@@ -1328,5 +1328,27 @@ func TestCeilingFloorPerReadyUnit(t *testing.T) {
 	}
 	if got := float64(large) / 1000; math.Abs(got-0.8) > 0.05 {
 		t.Errorf("the four-endpoint pool drew %.2f, want about 0.8", got)
+	}
+}
+
+// TestDistrustFades: a site read at its floor is sent next to nothing and
+// could not show that it mended; its contradicted share fades by half
+// every 10 s without answers, and its trust comes back with it.
+func TestDistrustFades(t *testing.T) {
+	var sv Served
+	sv.claim(2000, true)
+	for range 60 {
+		sv.Begin()
+		sv.End(true, 3500, 3000, 1000)
+	}
+	if tr := sv.Trust(3500); tr > 0.1 {
+		t.Fatalf("trust after 60 contradicted answers: %.2f", tr)
+	}
+	share := 1 - math.Pow(1-answerWeight, 60)
+	if tr := sv.Trust(3500 + forgiveHalfLifeMs); math.Abs(tr-max(1-distrustGain*share/2, minTrust)) > 1e-9 {
+		t.Errorf("a half-life later the distrust should halve: trust %.3f", tr)
+	}
+	if tr := sv.Trust(3500 + 7*forgiveHalfLifeMs); tr < 0.95 {
+		t.Errorf("five half-lives later: trust %.2f", tr)
 	}
 }

@@ -30,8 +30,24 @@ type Served struct {
 	// contradicted is the moving share of answers the board contradicted
 	// (mu): the request waited more than a unit before its answer began,
 	// while a reading taken during that wait said the site had room and
-	// no queue. Each answer weighs answerWeight.
+	// no queue. Each answer weighs answerWeight, and the share fades by
+	// forgiveHalfLifeMs from atMs, its last change: a site read at its
+	// floor is sent next to nothing, and without answers would never
+	// show that it mended.
 	contradicted float64
+	atMs         int64
+}
+
+// forgiveHalfLifeMs is how fast a site's contradicted share fades without
+// answers.
+const forgiveHalfLifeMs = 10_000
+
+// faded is the contradicted share at nowMs; s.mu is held.
+func (s *Served) faded(nowMs int64) float64 {
+	if s.atMs == 0 || nowMs <= s.atMs {
+		return s.contradicted
+	}
+	return s.contradicted * math.Exp2(-float64(nowMs-s.atMs)/forgiveHalfLifeMs)
 }
 
 // answerWeight is the weight of one answer in the moving share: about the
@@ -79,7 +95,8 @@ func (s *Served) End(answered bool, nowMs int64, waitedMs, unitMs float64) {
 		b = 1
 	}
 	s.mu.Lock()
-	s.contradicted += (b - s.contradicted) * answerWeight
+	share := s.faded(nowMs)
+	s.contradicted, s.atMs = share+(b-share)*answerWeight, nowMs
 	s.mu.Unlock()
 }
 
@@ -91,21 +108,20 @@ func (s *Served) InFlight() float64 {
 	return float64(s.inFlight.Load())
 }
 
-// Trust is the share of its claimed capacity the site is read at: one
-// while its board agrees with what its answers show, falling three times
-// as fast as the share of answers that contradicted it, to a floor of
-// minTrust (so a site that mends is sent enough to show it). An honest
-// board is contradicted by next to none of its answers; a board that
-// claims room while its queue holds this gateway's requests is
-// contradicted by most of them once they wait, and a third of them is
-// enough to read it at its floor.
-func (s *Served) Trust() float64 {
+// Trust is the share of its claimed capacity the site is read at, at
+// nowMs: one while its board agrees with what its answers show, falling
+// three times as fast as the share of answers that contradicted it, to a
+// floor of minTrust. An honest board is contradicted by next to none of
+// its answers; a board that claims room while its queue holds this
+// gateway's requests is contradicted by most of them once they wait, and
+// a third of them is enough to read it at its floor.
+func (s *Served) Trust(nowMs int64) float64 {
 	if s == nil {
 		return 1
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return max(1-distrustGain*s.contradicted, minTrust)
+	return max(1-distrustGain*s.faded(nowMs), minTrust)
 }
 
 // distrustGain is how much faster trust falls than the share of answers
