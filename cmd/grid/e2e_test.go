@@ -222,22 +222,28 @@ func TestOperatorBinaryAgainstSims(t *testing.T) {
 	}
 }
 
+// gridCerts makes a grid CA in dir with `grid certs init` and issues each
+// site's certificate with `grid certs issue`.
+func gridCerts(t *testing.T, dir string, sites ...string) {
+	t.Helper()
+	runs := [][]string{{"certs", "init", "--dir", dir}}
+	for _, site := range sites {
+		runs = append(runs, []string{"certs", "issue", "--dir", dir, "--site", site})
+	}
+	for _, args := range runs {
+		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
+			t.Fatalf("grid %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
 // TestTwoSitesWithGridCerts: certificates from `grid certs`, two `grid
 // operator`s on loopback; each sees the other's provider on /metrics within
 // two peer polls, and the signals endpoint admits exactly who it should.
 func TestTwoSitesWithGridCerts(t *testing.T) {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
-	for _, args := range [][]string{
-		{"certs", "init", "--dir", certs},
-		{"certs", "issue", "--dir", certs, "--site", "east"},
-		{"certs", "issue", "--dir", certs, "--site", "west"},
-		{"certs", "issue", "--dir", certs, "--site", "north"},
-	} {
-		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
-			t.Fatalf("grid %v: %v\n%s", args, err, out)
-		}
-	}
+	gridCerts(t, certs, "east", "west", "north")
 	sims := map[string]string{"east": freePort(t), "west": freePort(t)}
 	start(t, "sim", "--kind", "epp", "--listen", sims["east"], "--endpoints", "2")
 	start(t, "sim", "--kind", "sglang", "--listen", sims["west"])

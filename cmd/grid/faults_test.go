@@ -91,15 +91,7 @@ func startFaultGridWith(t *testing.T, timing faultTiming, gwExtra string) *fault
 	dir := t.TempDir()
 	g := &faultGrid{root: t, t: t, dir: dir, certs: filepath.Join(dir, "certs"), sites: map[string]*faultSite{}, peerLink: map[string]*faultproxy.Proxy{}, timing: timing,
 		gwExtra: gwExtra, providerExtra: map[string]string{}}
-	for _, args := range [][]string{
-		{"certs", "init", "--dir", g.certs},
-		{"certs", "issue", "--dir", g.certs, "--site", "east"},
-		{"certs", "issue", "--dir", g.certs, "--site", "west"},
-	} {
-		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
-			t.Fatalf("grid %v: %v\n%s", args, err, out)
-		}
-	}
+	gridCerts(t, g.certs, "east", "west")
 	for _, n := range []string{"east", "west"} {
 		s := &faultSite{name: n, peer: map[string]string{"east": "west", "west": "east"}[n],
 			simAddr: freePort(t), signals: freePort(t), opMetrics: freePort(t), client: freePort(t), hop: freePort(t), gwMetrics: freePort(t)}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -52,16 +51,7 @@ func TestLyingPeerCannotBuyTraffic(t *testing.T) {
 func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
-	for _, args := range [][]string{
-		{"certs", "init", "--dir", certs},
-		{"certs", "issue", "--dir", certs, "--site", "east"},
-		{"certs", "issue", "--dir", certs, "--site", "west"},
-		{"certs", "issue", "--dir", certs, "--site", "north"},
-	} {
-		if out, err := exec.Command(gridBinary, args...).CombinedOutput(); err != nil {
-			t.Fatalf("grid %v: %v\n%s", args, err, out)
-		}
-	}
+	gridCerts(t, certs, "east", "west", "north")
 	type site struct {
 		engine, metrics                 string // the serving engine, and where its providers' metrics come from
 		signals, opMetrics, client, hop string

@@ -97,6 +97,22 @@ func (w *world) publish(site string, t int64, o obs) {
 	}
 }
 
+// publishProvider ingests one idle-queue batch of one provider of site at
+// at: running requests on one ready endpoint, nothing queued.
+func (w *world) publishProvider(site, provider string, at int64, running float64) {
+	w.t.Helper()
+	lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
+	w.seq++
+	body := fmt.Sprintf("llm_d_epp_average_running_requests{%[1]s,name=%[2]q} %[3]g %[4]d\n"+
+		"llm_d_epp_ready_endpoints{%[1]s,name=%[2]q} 1 %[4]d\n"+
+		"llm_d_epp_average_queue_size{%[1]s,name=%[2]q} 0 %[4]d\n"+
+		"grid_provider_config_generation{batch_samples=\"3\",batch_sequence=\"%[5]d\",%[1]s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %[4]d\n",
+		lbl, provider, running, at, w.seq)
+	if res := w.store.Ingest([]byte(body), at, at, at, signals.Origin{Site: "hub", Relay: true}); res.Refused.Total() != 0 {
+		w.t.Fatalf("refused %v", res.Refused)
+	}
+}
+
 func (w *world) build(now int64) *Snapshot { return w.buildDown(now, nil) }
 
 // buildDown builds with the world's policy, down demoting candidates.
@@ -1065,18 +1081,7 @@ func TestClaimedProvidersShareOneFloor(t *testing.T) {
 	share := func(ageAware bool, claimed int) float64 {
 		w := newWorld(t, "home")
 		w.ageAware, w.meanMs = ageAware, 1000
-		publish := func(site, provider string, at int64, running float64) {
-			lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
-			w.seq++
-			body := fmt.Sprintf("llm_d_epp_average_running_requests{%[1]s,name=%[2]q} %[3]g %[4]d\n"+
-				"llm_d_epp_ready_endpoints{%[1]s,name=%[2]q} 1 %[4]d\n"+
-				"llm_d_epp_average_queue_size{%[1]s,name=%[2]q} 0 %[4]d\n"+
-				"grid_provider_config_generation{batch_samples=\"3\",batch_sequence=\"%[5]d\",%[1]s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %[4]d\n",
-				lbl, provider, running, at, w.seq)
-			if res := w.store.Ingest([]byte(body), at, at, at, signals.Origin{Site: "hub", Relay: true}); res.Refused.Total() != 0 {
-				t.Fatalf("refused %v", res.Refused)
-			}
-		}
+		publish := w.publishProvider
 		for i := range claimed {
 			p := fmt.Sprintf("h%02d", i)
 			w.cands = append(w.cands, Candidate{Model: "m", Site: "hostile", Provider: p, Upstream: &url.URL{Scheme: "http", Host: p}})
@@ -1123,18 +1128,7 @@ func hostileWorld(t *testing.T, ageAware bool, claimed int) (*world, *Snapshot) 
 	w := newWorld(t)
 	w.ageAware, w.meanMs = ageAware, 1000
 	w.served = map[string]*Served{"west": {}, "hostile": {}}
-	publish := func(site, provider string, at int64, running float64) {
-		lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
-		w.seq++
-		body := fmt.Sprintf("llm_d_epp_average_running_requests{%[1]s,name=%[2]q} %[3]g %[4]d\n"+
-			"llm_d_epp_ready_endpoints{%[1]s,name=%[2]q} 1 %[4]d\n"+
-			"llm_d_epp_average_queue_size{%[1]s,name=%[2]q} 0 %[4]d\n"+
-			"grid_provider_config_generation{batch_samples=\"3\",batch_sequence=\"%[5]d\",%[1]s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %[4]d\n",
-			lbl, provider, running, at, w.seq)
-		if res := w.store.Ingest([]byte(body), at, at, at, signals.Origin{Site: "hub", Relay: true}); res.Refused.Total() != 0 {
-			t.Fatalf("refused %v", res.Refused)
-		}
-	}
+	publish := w.publishProvider
 	for i := range claimed {
 		p := fmt.Sprintf("h%02d", i)
 		w.cands = append(w.cands, Candidate{Model: "m", Site: "hostile", Provider: p, Upstream: &url.URL{Scheme: "http", Host: p}})
