@@ -134,7 +134,8 @@ func TestSessionAffinity(t *testing.T) {
 			t.Fatalf("with %s unavailable the session went to %q, want %s", home, got, other)
 		}
 		// The gateway counts a failover when it binds the session anew,
-		// after the answer has gone out: the client can read it first.
+		// as the answer's headers arrive; the metrics are read through a
+		// listener of their own, so wait for the count.
 		eventually(t, "the failover is counted", 5*time.Second, func() bool { return affinity("failover") >= before+1 })
 		if got := affinity("failover"); got != before+1 {
 			t.Errorf("failovers %v → %v, want one more", before, got)
