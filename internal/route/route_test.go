@@ -53,6 +53,8 @@ type obs struct {
 	perPod  *float64
 	kv      *float64
 	uid     string // the provider's uid; "u" when empty
+	// provider names the provider (and its pool); "p" when empty.
+	provider string
 }
 
 func f(v float64) *float64 { return &v }
@@ -68,22 +70,26 @@ func (w *world) publish(site string, t int64, o obs) {
 	if o.zero {
 		ready = 0
 	}
-	lbl := fmt.Sprintf(`grid_provider="p",grid_site=%q`, site)
+	provider := o.provider
+	if provider == "" {
+		provider = "p"
+	}
+	lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
 	lines := []string{
-		fmt.Sprintf(`llm_d_epp_average_running_requests{%s,name="p"} %g %d`, lbl, o.running, t),
-		fmt.Sprintf(`llm_d_epp_ready_endpoints{%s,name="p"} %g %d`, lbl, ready, t),
+		fmt.Sprintf(`llm_d_epp_average_running_requests{%s,name=%q} %g %d`, lbl, provider, o.running, t),
+		fmt.Sprintf(`llm_d_epp_ready_endpoints{%s,name=%q} %g %d`, lbl, provider, ready, t),
 	}
 	if o.queue != nil {
-		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_queue_size{%s,name="p"} %g %d`, lbl, *o.queue, t))
+		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_queue_size{%s,name=%q} %g %d`, lbl, provider, *o.queue, t))
 	}
 	for i, h := range o.held {
 		lines = append(lines, fmt.Sprintf(`llm_d_epp_flow_control_queue_size{%s,priority="%d"} %g %d`, lbl, i, h, t))
 	}
 	if o.perPod != nil {
-		lines = append(lines, fmt.Sprintf(`inference_pool_per_pod_queue_size{%s,model_server_pod="a",name="p"} %g %d`, lbl, *o.perPod, t))
+		lines = append(lines, fmt.Sprintf(`inference_pool_per_pod_queue_size{%s,model_server_pod="a",name=%q} %g %d`, lbl, provider, *o.perPod, t))
 	}
 	if o.kv != nil {
-		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name="p"} %g %d`, lbl, *o.kv, t))
+		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name=%q} %g %d`, lbl, provider, *o.kv, t))
 	}
 	w.seq++
 	uid := o.uid
@@ -94,22 +100,6 @@ func (w *world) publish(site string, t int64, o obs) {
 	res := w.store.Ingest([]byte(strings.Join(lines, "\n")+"\n"), t, t, t, signals.Origin{Site: "hub", Relay: true})
 	if res.Refused.Total() != 0 {
 		w.t.Fatalf("ingest refused %v", res.Refused)
-	}
-}
-
-// publishProvider ingests one idle-queue batch of one provider of site at
-// at: running requests on one ready endpoint, nothing queued.
-func (w *world) publishProvider(site, provider string, at int64, running float64) {
-	w.t.Helper()
-	lbl := fmt.Sprintf(`grid_provider=%q,grid_site=%q`, provider, site)
-	w.seq++
-	body := fmt.Sprintf("llm_d_epp_average_running_requests{%[1]s,name=%[2]q} %[3]g %[4]d\n"+
-		"llm_d_epp_ready_endpoints{%[1]s,name=%[2]q} 1 %[4]d\n"+
-		"llm_d_epp_average_queue_size{%[1]s,name=%[2]q} 0 %[4]d\n"+
-		"grid_provider_config_generation{batch_samples=\"3\",batch_sequence=\"%[5]d\",%[1]s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %[4]d\n",
-		lbl, provider, running, at, w.seq)
-	if res := w.store.Ingest([]byte(body), at, at, at, signals.Origin{Site: "hub", Relay: true}); res.Refused.Total() != 0 {
-		w.t.Fatalf("refused %v", res.Refused)
 	}
 }
 
@@ -1081,7 +1071,9 @@ func TestClaimedProvidersShareOneFloor(t *testing.T) {
 	share := func(ageAware bool, claimed int) float64 {
 		w := newWorld(t, "home")
 		w.ageAware, w.meanMs = ageAware, 1000
-		publish := w.publishProvider
+		publish := func(site, provider string, at int64, running float64) {
+			w.publish(site, at, obs{running: running, queue: f(0), provider: provider})
+		}
 		for i := range claimed {
 			p := fmt.Sprintf("h%02d", i)
 			w.cands = append(w.cands, Candidate{Model: "m", Site: "hostile", Provider: p, Upstream: &url.URL{Scheme: "http", Host: p}})
@@ -1128,7 +1120,9 @@ func hostileWorld(t *testing.T, ageAware bool, claimed int) (*world, *Snapshot) 
 	w := newWorld(t)
 	w.ageAware, w.meanMs = ageAware, 1000
 	w.served = map[string]*Served{"west": {}, "hostile": {}}
-	publish := w.publishProvider
+	publish := func(site, provider string, at int64, running float64) {
+		w.publish(site, at, obs{running: running, queue: f(0), provider: provider})
+	}
 	for i := range claimed {
 		p := fmt.Sprintf("h%02d", i)
 		w.cands = append(w.cands, Candidate{Model: "m", Site: "hostile", Provider: p, Upstream: &url.URL{Scheme: "http", Host: p}})
