@@ -20,6 +20,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -103,6 +104,9 @@ func startControlPlane(t *testing.T) *controlPlane {
 		t.Fatal(err)
 	}
 	if err := gridv1.AddToScheme(cp.scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(cp.scheme); err != nil {
 		t.Fatal(err)
 	}
 	return cp

@@ -9,6 +9,7 @@ replace github.com/grid-inference/grid => ../
 require (
 	github.com/grid-inference/grid v0.0.0-00010101000000-000000000000
 	k8s.io/api v0.37.2
+	k8s.io/apiextensions-apiserver v0.37.0
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
 	sigs.k8s.io/controller-runtime v0.25.3

@@ -44,6 +44,7 @@ var (
 	eppPart  = part{module: "parts/epp", pkg: "sigs.k8s.io/gateway-api-inference-extension/cmd/epp", name: "epp"}
 	etcdPart = part{module: "parts/kube", pkg: "go.etcd.io/etcd/server/v3", name: "etcd"}
 	apiPart  = part{module: "parts/kube", pkg: "k8s.io/kubernetes/cmd/kube-apiserver", name: "kube-apiserver"}
+	helmPart = part{module: "parts/helm", pkg: "helm.sh/helm/v3/cmd/helm", name: "helm"}
 	builds   sync.Map // part name → *build
 )
 
