@@ -30,6 +30,7 @@ func gridCerts(t *testing.T, dir string, sites ...string) {
 type provider struct {
 	name, model, kind string
 	upstream, metrics string // base URLs
+	pool, tokenFile   string // EPP: metrics.poolName, metrics.bearerTokenFile
 }
 
 // site is one site of file-mode Grid processes: an operator and a
@@ -61,7 +62,14 @@ func (s *site) start(t *testing.T, dir string) {
 		fmt.Fprintf(&peers, "  - {site: %s, signals: \"https://%s\", gateway: \"https://%s\"}\n", p.name, addr(p.signals), addr(p.hop))
 	}
 	for _, p := range s.providers {
-		fmt.Fprintf(&providers, "  - {name: %s, model: %s, kind: %s, upstream: %q, metrics: {endpoint: %q}}\n", p.name, p.model, p.kind, p.upstream, p.metrics)
+		metrics := fmt.Sprintf("endpoint: %q", p.metrics)
+		if p.pool != "" {
+			metrics += fmt.Sprintf(", poolName: %q", p.pool)
+		}
+		if p.tokenFile != "" {
+			metrics += fmt.Sprintf(", bearerTokenFile: %q", p.tokenFile)
+		}
+		fmt.Fprintf(&providers, "  - {name: %s, model: %s, kind: %s, upstream: %q, metrics: {%s}}\n", p.name, p.model, p.kind, p.upstream, metrics)
 	}
 	op := fmt.Sprintf("site: %s\n%s\nsignals: {listen: %q}\nmetrics: {listen: %q}\nstateDir: %s\nscrapeInterval: 200ms\npeerPollInterval: 500ms\npeers:\n%sproviders:\n%s",
 		s.name, tls, addr(s.signals), addr(s.opMetrics), filepath.Join(dir, "state-"+s.name), peers.String(), providers.String())

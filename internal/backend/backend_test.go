@@ -118,6 +118,13 @@ func TestParseEPPLegacyAndMissing(t *testing.T) {
 	if r.Ready.Known || r.Result != ResultNoSeries || !strings.Contains(r.Missing, "for poolName p") {
 		t.Errorf("no ready series: %+v", r)
 	}
+	// The real EPP reports every pool it serves: a poolName it reports
+	// nothing of is not served there, 0 ready endpoints, not unknown.
+	r, _ = ParseEPP([]byte("inference_pool_ready_pods{name=\"qwen-pool\"} 2\ninference_pool_average_running_requests{name=\"qwen-pool\"} 3\n"), "other-pool")
+	if r.Ready != readiness.Known(0) || r.Result != ResultNoSeries ||
+		r.Missing != "the EPP reports the ready endpoints of pool qwen-pool, not of poolName other-pool" || r.Load.AverageRunning != nil {
+		t.Errorf("a pool the EPP does not serve: %+v", r)
+	}
 	if _, err := ParseEPP([]byte("a{x=\"\xff\"} 1"), ""); ClassOf(err) != ClassParse {
 		t.Errorf("non-UTF-8: %v", err)
 	}

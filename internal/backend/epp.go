@@ -2,7 +2,9 @@ package backend
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -193,6 +195,14 @@ func (p *eppPage) reading() *Reading {
 	r.MultiPool = len(p.pools) > 1 || len(p.namespaces) > 1
 	if g := first(&p.gauges[iReady], &p.gauges[iReadyLegacy]); g != nil {
 		r.Ready = readiness.Known(g.value)
+	} else if p.pool != "" && len(p.pools) > 0 {
+		// The EPP reports the readiness of other pools and not of this
+		// one: it does not serve poolName (a typo, or a pool removed), so
+		// the pool has no endpoint here, rather than readiness unknown.
+		// Seen on the real EPP, which reports every pool it serves.
+		r.Ready = readiness.Known(0)
+		r.Result = ResultNoSeries
+		r.Missing = fmt.Sprintf("the EPP reports the ready endpoints of pool %s, not of poolName %s", strings.Join(slices.Sorted(maps.Keys(p.pools)), ", "), p.pool)
 	} else {
 		r.Result = ResultNoSeries
 		r.Missing = "metrics reachable, but no " + signals.EPPReadyEndpoints + " or " + signals.LegacyReadyPods + " series"

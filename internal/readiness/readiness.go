@@ -110,7 +110,8 @@ func (p *Probe) Thaw(now time.Time, ready Count, unitsReporting bool) Count {
 func within(now, t time.Time, d time.Duration) bool { return !t.IsZero() && now.Sub(t) <= d }
 
 // Success records a scrape that answered. missing explains an unknown
-// count ("metrics reachable, but no … series").
+// count ("metrics reachable, but no … series"), or a count of 0 the
+// scrape concluded rather than read (an EPP that serves other pools).
 func (p *Probe) Success(now time.Time, ready Count, missing string) {
 	if p.firstAttempt.IsZero() {
 		p.firstAttempt = now
@@ -136,10 +137,7 @@ func (p *Probe) Success(now time.Time, ready Count, missing string) {
 	p.lastGood = now
 	p.failure = ""
 	p.ready = ready
-	p.missing = ""
-	if !ready.Known {
-		p.missing = missing
-	}
+	p.missing = missing
 }
 
 // Failure records a scrape that failed with a class (timeout, tls, ...).
@@ -177,10 +175,14 @@ func (p *Probe) Verdict(now time.Time, staleAfter time.Duration, unavailable boo
 			fmt.Sprintf("no successful metrics scrape in the last %ds; the latest failed: %s", secs, p.failure)}
 	}
 	if p.noEndpoints {
+		msg := fmt.Sprintf("%g ready endpoints, awaiting a second scrape", p.ready.Value)
 		if p.zeroStreak >= Streak {
-			return Verdict{NoEndpointsReady, False, fmt.Sprintf("0 ready endpoints for %d or more scrapes", Streak)}
+			msg = fmt.Sprintf("0 ready endpoints for %d or more scrapes", Streak)
 		}
-		return Verdict{NoEndpointsReady, False, fmt.Sprintf("%g ready endpoints, awaiting a second scrape", p.ready.Value)}
+		if p.missing != "" {
+			msg += ": " + p.missing
+		}
+		return Verdict{NoEndpointsReady, False, msg}
 	}
 	if !p.ready.Known {
 		return Verdict{NoLivenessCheck, Unknown, p.missing}
