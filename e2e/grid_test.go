@@ -44,6 +44,9 @@ type site struct {
 	providers                       []provider
 	peers                           []*site
 	shedding                        bool
+	// gatewayOnly starts the gateway alone: the site's operator is one
+	// the test runs itself (in Kubernetes mode), listening on signals.
+	gatewayOnly bool
 }
 
 func newSite(t *testing.T, name string, providers ...provider) *site {
@@ -85,12 +88,13 @@ func (s *site) start(t *testing.T, dir string) {
 		}
 	}
 	grid := binary(t, gridPart)
-	s.operator = run(t, grid, nil, "operator", "--config", s.operatorConfig)
+	if !s.gatewayOnly {
+		s.operator = run(t, grid, nil, "operator", "--config", s.operatorConfig)
+	}
 	s.gateway = run(t, grid, nil, "gateway", "--config", s.gatewayConfig)
 }
 
 func (s *site) operatorMetrics() string { return get("http://" + addr(s.opMetrics) + "/metrics") }
-func (s *site) gatewayMetrics() string  { return get("http://" + addr(s.gwMetrics) + "/metrics") }
 
 // candidate is one row of a gateway's routing snapshot (/api/snapshot).
 type candidate struct {

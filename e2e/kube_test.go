@@ -153,10 +153,11 @@ func TestHelmChartOnARealAPIServer(t *testing.T) {
 // to the chart's Role, with a token the API server issued: every read and
 // write it makes is authorized by RBAC as in a cluster. The chart's
 // objects are applied for real with one provider, a real
-// llm-d-inference-sim. The operator reads the resources and the Secrets
-// they name, writes the provider's Ready condition, reserves its epoch in
-// the ConfigMap, follows a spec change, and reserves a higher epoch after
-// a restart.
+// llm-d-inference-sim, and one peer, a file-mode site. The operator reads
+// the resources and the Secrets they name, writes the provider's Ready
+// condition, polls the GridSite over mutual TLS (its gateway reads the
+// peer's provider), reserves its epoch in the ConfigMap, follows a spec
+// change, and reserves a higher epoch after a restart.
 func TestOperatorOnARealAPIServer(t *testing.T) {
 	cp := startControlPlane(t)
 	installCRDs(t, cp)
@@ -167,10 +168,21 @@ func TestOperatorOnARealAPIServer(t *testing.T) {
 	if err := c.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
+	// East's operator runs in Kubernetes mode with one provider and one
+	// peer, west: file-mode Grid with its own simulator.
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	gridCerts(t, certs, "east", "west")
 	sim, _ := startSim(t, 4, 10)
+	westSim, _ := startSim(t, 4, 10)
+	west := newSite(t, "west", provider{name: "west-sim", model: simModel, kind: "vllm", upstream: westSim, metrics: westSim})
+	east := newSite(t, "east")
+	east.gatewayOnly, east.peers, west.peers = true, []*site{west}, []*site{east}
+	west.start(t, dir)
 	objs := render(t, "--set", "site=east",
 		"--set", "providers[0].name=sim", "--set", "providers[0].model="+simModel, "--set", "providers[0].kind=vllm",
-		"--set", "providers[0].metrics.endpoint="+sim, "--set", "providers[0].upstream="+sim)
+		"--set", "providers[0].metrics.endpoint="+sim, "--set", "providers[0].upstream="+sim,
+		"--set", "peers[0].name=west", "--set", "peers[0].signals=https://"+addr(west.signals), "--set", "peers[0].gateway=https://"+addr(west.hop))
 	var serviceAccount string
 	for _, obj := range objs {
 		if obj.GetKind() == "ServiceMonitor" {
@@ -189,8 +201,6 @@ func TestOperatorOnARealAPIServer(t *testing.T) {
 
 	// The site identity's Secrets, under the names the chart's values
 	// give (tls.caSecret, tls.siteSecret).
-	certs := t.TempDir()
-	gridCerts(t, certs, "east")
 	read := func(name string) []byte {
 		b, err := os.ReadFile(filepath.Join(certs, name))
 		if err != nil {
@@ -214,13 +224,13 @@ func TestOperatorOnARealAPIServer(t *testing.T) {
 	}
 
 	kubeconfig := cp.kubeconfig(t, serviceAccount, cp.serviceAccountToken(t, "grid", serviceAccount))
-	metricsPort := freePort(t)
 	startOperator := func() *process {
 		return run(t, binary(t, gridPart), []string{"KUBECONFIG=" + kubeconfig},
 			"operator", "--kubernetes", "--namespace", "grid", "--data-dir", t.TempDir(),
-			"--signals-listen", addr(freePort(t)), "--metrics-listen", addr(metricsPort), "--drain-timeout", "1s")
+			"--signals-listen", addr(east.signals), "--metrics-listen", addr(east.opMetrics), "--drain-timeout", "1s")
 	}
 	op := startOperator()
+	east.start(t, dir) // its gateway, polling the operator above
 
 	condition := func() (status, reason string, observed, generation int64) {
 		var p gridv1.InferenceProvider
@@ -238,8 +248,17 @@ func TestOperatorOnARealAPIServer(t *testing.T) {
 		status, reason, observed, generation := condition()
 		return status == "True" && reason == "Ready" && observed == generation
 	})
-	if v, _ := metric(get("http://"+addr(metricsPort)+"/metrics"), "grid_provider_ready", `grid_provider="sim"`); v != 1 {
+	if v, _ := metric(east.operatorMetrics(), "grid_provider_ready", `grid_provider="sim"`); v != 1 {
 		t.Errorf("the operator's /metrics: grid_provider_ready of sim is %v, want 1", v)
+	}
+	// The GridSite is polled over mutual TLS with the identity the
+	// Secrets hold, and what west publishes reaches east's gateway.
+	eventually(t, "east's gateway reads west's provider ready", 30*time.Second, func() bool {
+		ready, _ := east.seesReady("west-sim")
+		return ready
+	})
+	if a := chat(ctx, "http://"+addr(east.client), 4, true); a.status != 200 || !a.done {
+		t.Errorf("a request at east's gateway: %+v", a)
 	}
 	epoch := func() int64 {
 		var cm corev1.ConfigMap
