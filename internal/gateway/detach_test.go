@@ -576,3 +576,43 @@ func TestTerminalEventSeesDoneAcrossReads(t *testing.T) {
 		}
 	}
 }
+
+// TestBodyBudgetHeldUntilTheUpstreamLetsGo: a detached stream's handler
+// returns while the upstream has not read its request body yet (it
+// answers first); the transport holds the body until it has written it,
+// and the budget counts those bytes until then, not until the handler
+// returns. Once the upstream reads the body and the stream ends, the
+// budget is whole again.
+func TestBodyBudgetHeldUntilTheUpstreamLetsGo(t *testing.T) {
+	readBody := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-readBody
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer upstream.Close()
+	g, addr := detachGateway(t, upstream.URL)
+	const size = 4 << 20
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"pad":"` + strings.Repeat("x", size) + `"}`
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if ev := readEvent(t, r); ev != "first" {
+		t.Fatalf("first event %q", ev)
+	}
+	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+	if used := g.bodies.used.Load(); used < size-bodyAllowance {
+		t.Errorf("with the upstream still holding the body, the budget counts %d bytes; want at least %d", used, size-bodyAllowance)
+	}
+	close(readBody)
+	if ev := readEvent(t, r); ev != "[DONE]" {
+		t.Fatalf("last event %q", ev)
+	}
+	waitFor(t, "the budget whole again", func() bool { return g.bodies.used.Load() == 0 })
+}

@@ -152,7 +152,10 @@ func (g *Gateway) observeService(site string, sv *route.Served, began time.Time,
 // outbound is what the gateway sends upstream: the request's body, and
 // whether it asked for a stream (requestHead.stream).
 type outbound struct {
-	body   []byte
+	body []byte
+	// held is the body's budget reservation (nil within the allowance):
+	// every attempt holds it until its transport lets go of the body.
+	held   *heldBody
 	stream bool
 }
 
@@ -220,7 +223,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			if ans.bound && !c.Local {
 				pr.Out.Header.Set(headerBoundProvider, c.Provider)
 			}
-			pr.Out.Body = io.NopCloser(bytes.NewReader(out.body))
+			pr.Out.Body = out.held.attempt(out.body)
 			pr.Out.ContentLength = int64(len(out.body))
 		},
 		Transport:     transport,

@@ -238,7 +238,8 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	body, reserved, refusal := g.readBody(w, r)
-	defer g.bodies.release(reserved)
+	held := g.bodies.hold(reserved)
+	defer held.letGo()
 	if refusal != nil {
 		outcome = "bad_request"
 		if refusal == &errBodyBudget {
@@ -262,7 +263,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		bad.write(w, 0)
 		return
 	}
-	x.out = outbound{body: body, stream: head.stream}
+	x.out = outbound{body: body, held: held, stream: head.stream}
 	if x.model = r.Header.Get(headerModel); x.model == "" {
 		x.model = head.model
 	}
