@@ -63,12 +63,12 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	e.log.Info("draining", "listener", name, "timeout", drain)
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
+	// Every drain runs, even past the deadline: a drain given a context
+	// already done ends what it holds at once, its own way (the gateway's
+	// detached streams with their terminal event).
 	err := srv.Shutdown(sctx)
 	for _, drainMore := range more {
-		if err != nil {
-			break
-		}
-		err = drainMore(sctx)
+		err = errors.Join(err, drainMore(sctx))
 	}
 	if err != nil {
 		srv.Close()

@@ -24,6 +24,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -92,7 +93,16 @@ type detachedStream struct {
 	// counts the request once it is over.
 	observe func(whole bool)
 	end     func(outcome string)
+	// drainedBy is set, as a unix time in ns, by a drain that ran out of
+	// time (cutForDrain, any goroutine): the stream ends with the terminal
+	// event, written by then or not at all.
+	drainedBy atomic.Int64
 }
+
+// drainGrace is how long a stream cut by a drain past its deadline has to
+// take its terminal event: a client that takes nothing for that long is
+// closed without it.
+const drainGrace = time.Second
 
 // detach waits for the first bytes of resp's body, then takes w's
 // connection from the server (counted in set as detaching: the caller must
@@ -172,6 +182,9 @@ func (s *detachedStream) run() {
 	// A whole stream's request context is not cancelled: the upstream
 	// connection goes back to its pool on the body's end, and cancelling
 	// races that. The context holds no goroutine or timer.
+	if !whole && !s.gone && s.drainedBy.Load() != 0 {
+		s.interrupt()
+	}
 	s.body.Close()
 	s.observe(whole)
 	if whole {
@@ -202,7 +215,7 @@ func (s *detachedStream) copy() (outcome string, whole bool) {
 			start -= len(size)
 			copy(buf[start:], size)
 			buf[chunkHeadRoom+n], buf[chunkHeadRoom+n+1] = '\r', '\n'
-			s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
+			s.writeDeadline()
 			if _, werr := s.conn.Write(buf[start : chunkHeadRoom+n+2]); werr != nil {
 				return "routed", false // the client left or stalled: as net/http counts it
 			}
@@ -217,6 +230,34 @@ func (s *detachedStream) copy() (outcome string, whole bool) {
 		}
 		n, err = s.body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
 	}
+}
+
+// writeDeadline bounds the next write to the client: stalledStreamWrite,
+// or the drain's grace when that is sooner. It reads drainedBy after
+// setting the deadline, so that a drain setting both meanwhile is not
+// undone.
+func (s *detachedStream) writeDeadline() {
+	d := time.Now().Add(stalledStreamWrite)
+	s.conn.SetWriteDeadline(d)
+	if by := s.drainedBy.Load(); by != 0 && by < d.UnixNano() {
+		s.conn.SetWriteDeadline(time.Unix(0, by))
+	}
+}
+
+// interrupt writes the terminal event of a stream a drain cut, then the
+// answer's last chunk (the client reads an error, then a well-framed end),
+// within the drain's grace.
+func (s *detachedStream) interrupt() {
+	wb, ok := s.body.(*watchedBody)
+	if !ok {
+		return
+	}
+	ev := wb.interrupt(streamShutdown)
+	if ev == nil {
+		return
+	}
+	s.conn.SetWriteDeadline(time.Unix(0, s.drainedBy.Load()))
+	fmt.Fprintf(s.conn, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
 }
 
 // replayBody is an answer's body whose first bytes, and the error that
@@ -240,12 +281,23 @@ func (b *replayBody) Read(p []byte) (int, error) {
 	return b.ReadCloser.Read(p)
 }
 
-// cut ends the stream from outside (a drain that ran out of time, Close):
-// the client's connection closes and the upstream request is cancelled, so
-// run's read or write returns.
+// cut ends the stream from outside (Close): the client's connection
+// closes and the upstream request is cancelled, so run's read or write
+// returns.
 func (s *detachedStream) cut() {
 	s.cancel()
 	s.conn.Close()
+}
+
+// cutForDrain ends the stream for a drain that ran out of time: the
+// upstream request is cancelled, so run's read returns, and run writes
+// the terminal event within drainGrace; a write to a stalled client
+// fails by then.
+func (s *detachedStream) cutForDrain() {
+	by := time.Now().Add(drainGrace)
+	s.drainedBy.Store(by.UnixNano())
+	s.conn.SetWriteDeadline(by)
+	s.cancel()
 }
 
 // streamSet owns the detached streams: it starts each on its goroutine,
@@ -260,6 +312,9 @@ type streamSet struct {
 	mu   sync.Mutex
 	live map[*detachedStream]struct{} // under mu
 	cut  bool                         // under mu: cutAndWait ran; streams starting after it are cut at once
+	// drained, under mu: that cut was a drain's, which ends streams with
+	// the terminal event.
+	drained bool
 }
 
 func newStreamSet() *streamSet {
@@ -295,9 +350,14 @@ func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
 	if set.cut {
 		// After cutAndWait: end the stream here, cut, so that no
 		// goroutine is added to a group already waited for.
+		drained := set.drained
 		set.mu.Unlock()
 		set.detaching.Add(-1)
-		s.cut()
+		if drained {
+			s.cutForDrain()
+		} else {
+			s.cut()
+		}
 		s.run()
 		return
 	}
@@ -327,7 +387,7 @@ func (set *streamSet) drain(ctx context.Context) error {
 		select {
 		case <-set.changed:
 		case <-ctx.Done():
-			set.cutAndWait()
+			set.cutAndWait(true)
 			return ctx.Err()
 		}
 	}
@@ -336,12 +396,17 @@ func (set *streamSet) drain(ctx context.Context) error {
 }
 
 // cutAndWait cuts every stream, and every one that starts after it, and
-// waits for their goroutines.
-func (set *streamSet) cutAndWait() {
+// waits for their goroutines. A drain's cut (drained) ends each stream
+// with the terminal event; Close's closes the connections at once.
+func (set *streamSet) cutAndWait(drained bool) {
 	set.mu.Lock()
-	set.cut = true
+	set.cut, set.drained = true, drained
 	for s := range set.live {
-		s.cut()
+		if drained {
+			s.cutForDrain()
+		} else {
+			s.cut()
+		}
 	}
 	set.mu.Unlock()
 	set.wg.Wait()

@@ -461,7 +461,9 @@ func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
 }
 
 // DrainStreams waits for streams that end, and cuts those that outlast
-// its context.
+// its context: each ends with the terminal error event, counted by
+// reason, then a well-framed end, never a clean-looking end without its
+// [DONE] nor a broken connection.
 func TestDrainStreams(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
@@ -496,8 +498,12 @@ func TestDrainStreams(t *testing.T) {
 	if g.streams.Len() != 0 {
 		t.Fatal("a stream outlasted the drain")
 	}
-	if _, err := io.ReadAll(br); !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("a stream cut by the drain reads %v, want unexpected EOF", err)
+	rest, err := io.ReadAll(br)
+	if err != nil || !strings.HasSuffix(string(rest), string(streamShutdown.event(false))) {
+		t.Fatalf("a stream cut by the drain reads %q, %v; want the terminal event, then its end", rest, err)
+	}
+	if n := testutil.ToFloat64(g.m.streamsEndedEarly.WithLabelValues("east", string(streamShutdown))); n != 1 {
+		t.Errorf("streams ended early by the shutdown: %v, want 1", n)
 	}
 	select {
 	case <-up.cancelled:

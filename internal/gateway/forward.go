@@ -417,6 +417,19 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	return b.giveRest(p, n)
 }
 
+// interrupt is the terminal event of a stream the gateway itself ends
+// before its [DONE] (a drain past its deadline), counted; nil when the
+// answer is not an event stream or has ended already. The goroutine that
+// reads the body only.
+func (b *watchedBody) interrupt(reason streamEnd) []byte {
+	if !b.sse || b.done || b.sawDone() {
+		return nil
+	}
+	b.done = true
+	b.ended(reason)
+	return reason.event(!b.endsEvent())
+}
+
 // giveRest copies what it can of the terminal event after the n bytes
 // already in p; the stream ends once all of it is given.
 func (b *watchedBody) giveRest(p []byte, n int) (int, error) {
@@ -466,9 +479,12 @@ const (
 	// streamEndedEarly: the upstream ended the answer cleanly, but before
 	// its [DONE] (an engine shutting down, say).
 	streamEndedEarly streamEnd = "upstream_ended"
+	// streamShutdown: the gateway's drain ran out of time with the stream
+	// still going (SIGTERM, drain-timeout).
+	streamShutdown streamEnd = "gateway_shutdown"
 )
 
-var streamEnds = []streamEnd{streamCut, streamEndedEarly}
+var streamEnds = []streamEnd{streamCut, streamEndedEarly, streamShutdown}
 
 // terminalCode is the terminal error event's code.
 const terminalCode = "stream_interrupted"
@@ -479,8 +495,11 @@ const terminalCode = "stream_interrupted"
 // first), and no [DONE] after it: the answer is not complete.
 func (e streamEnd) event(closeEvent bool) []byte {
 	msg := "the upstream's connection broke before the answer was complete"
-	if e == streamEndedEarly {
+	switch e {
+	case streamEndedEarly:
 		msg = "the upstream ended the answer before it was complete (no [DONE])"
+	case streamShutdown:
+		msg = "the gateway shut down before the answer was complete (its drain timed out)"
 	}
 	b, _ := json.Marshal(msg)
 	ev := `data: {"error":{"message":` + string(b) + `,"type":"server_error","code":"` + terminalCode + `"}}` + "\n\n"

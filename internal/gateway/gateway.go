@@ -771,7 +771,7 @@ func (g *Gateway) DrainStreams(ctx context.Context) error { return g.streams.dra
 // Close cuts the detached streams still running and releases idle
 // upstream connections.
 func (g *Gateway) Close() {
-	g.streams.cutAndWait()
+	g.streams.cutAndWait(false)
 	g.upstreams.close()
 	g.opClient.CloseIdleConnections()
 }

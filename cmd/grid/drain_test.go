@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestDrainPastItsDeadline: SIGTERM to a gateway with 20 streams open that
+// outlast its one-second drain. Each client reads what it got, then the
+// terminal error event naming the shutdown, then a well-framed end: no
+// stream looks complete without its [DONE], none breaks mid-chunk. The
+// gateway exits 0 within its drain and the grace of the event.
+func TestDrainPastItsDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	gridCerts(t, certs, "east")
+	engine, signals, client := freePort(t), freePort(t), freePort(t)
+	// 2,000 tokens at 10 ms: 20 s per answer.
+	start(t, "sim", "--kind", "vllm", "--listen", engine, "--slots", "32")
+	op := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nsignals: {listen: %[2]q}\nmetrics: {listen: %[3]q}\nstateDir: %[4]s\nscrapeInterval: 200ms\nproviders:\n  - {name: engine, model: Qwen/Qwen3-8B, kind: vllm, upstream: \"http://%[5]s\", metrics: {endpoint: \"http://%[5]s\"}}\n",
+		certs, signals, freePort(t), filepath.Join(dir, "state"), engine)
+	gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\n",
+		certs, client, freePort(t), freePort(t), signals)
+	opFile, gwFile := filepath.Join(dir, "operator.yaml"), filepath.Join(dir, "gateway.yaml")
+	os.WriteFile(opFile, []byte(op), 0o600)
+	os.WriteFile(gwFile, []byte(gw), 0o600)
+	start(t, "operator", "--config", opFile)
+	gateway := start(t, "gateway", "--config", gwFile, "--drain-timeout", "1s")
+	body := `{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":2000,"stream":true}`
+	eventually(t, "the gateway routes", 15*time.Second, func() bool {
+		resp, err := http.Post("http://"+client+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"Qwen/Qwen3-8B","max_tokens":1}`))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	const streams = 20
+	type end struct {
+		events            int
+		last              string
+		done, interrupted bool
+		err               error
+	}
+	ends := make([]end, streams)
+	var opened, wg sync.WaitGroup
+	opened.Add(streams)
+	for i := range streams {
+		wg.Go(func() {
+			e := &ends[i]
+			resp, err := http.Post("http://"+client+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				e.err = err
+				opened.Done()
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				line := sc.Text()
+				if !strings.HasPrefix(line, "data: ") {
+					continue
+				}
+				if e.events++; e.events == 1 {
+					opened.Done()
+				}
+				e.last = line
+				e.done = e.done || line == "data: [DONE]"
+				e.interrupted = e.interrupted || strings.Contains(line, `"code":"stream_interrupted"`) && strings.Contains(line, "gateway shut down")
+			}
+			e.err = sc.Err()
+			if e.events == 0 {
+				opened.Done()
+			}
+		})
+	}
+	opened.Wait()
+	began := time.Now()
+	if code := gateway.stop(t); code != 0 {
+		t.Errorf("the gateway exited %d after its drain timed out", code)
+	}
+	took := time.Since(began)
+	wg.Wait()
+	for i, e := range ends {
+		if e.err != nil || e.done || !e.interrupted || !strings.Contains(e.last, "stream_interrupted") {
+			t.Errorf("stream %d: %d events, last %q, [DONE] %v, error %v; want the terminal event last and a clean end", i, e.events, e.last, e.done, e.err)
+		}
+	}
+	if took > 5*time.Second {
+		t.Errorf("the gateway took %v to exit with a 1 s drain", took)
+	}
+}
