@@ -27,11 +27,11 @@ import (
 // CRDs are installed from there, at the version parts/epp pins.
 func eppModuleDir(t *testing.T) string {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-m", "-json", "sigs.k8s.io/gateway-api-inference-extension")
+	cmd := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/gateway-api-inference-extension")
 	cmd.Dir = "parts/epp"
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list the EPP's module: %v", err)
+		t.Fatalf("download the EPP's module: %v", err)
 	}
 	var m struct{ Dir string }
 	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {

@@ -234,19 +234,23 @@ func TestRealVLLMSimulatorTwoSites(t *testing.T) {
 
 	t.Run("a killed engine: what it held fails visibly, nothing else fails", func(t *testing.T) {
 		// Clients call east's gateway without pause while west's engine is
-		// killed. A request west was serving cannot be finished: a stream
-		// must end with the terminal error event, never look complete, and
-		// a request still waiting for its headers gets an error status
-		// (the engine had it: it is not sent again, as nginx's default
-		// does not resend a POST). A request begun after the kill must be
-		// served whole: a refused connect is tried elsewhere.
+		// killed. What west held cannot be finished: a stream must end
+		// with the terminal error event, never look complete, and a
+		// request still waiting for its headers gets an error status. So
+		// may a request sent in the moment before the grid reads the
+		// engine down (on a pooled connection to the dead engine; a POST
+		// that may have reached it is not sent again, as nginx's default
+		// does not resend one). Every request begun a second after east's
+		// gateway read west not ready must be served whole.
 		ctx, cancel := context.WithCancel(context.Background())
 		var mu sync.Mutex
-		var killed time.Time
+		var killed, settled time.Time
 		var answers, interrupted int
 		var broken []answer
 		var wg sync.WaitGroup
-		for range 4 {
+		// Two clients: what east's two slots serve alone once west is
+		// gone, so that east does not shed (the shedding subtest above).
+		for range 2 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
 					began := time.Now()
@@ -257,8 +261,8 @@ func TestRealVLLMSimulatorTwoSites(t *testing.T) {
 					honest := a.transportErr == nil && (a.status != http.StatusOK || a.errorEvent)
 					switch {
 					case whole:
-					case honest && !killed.IsZero() && began.Before(killed):
-						interrupted++ // in flight on west when it died
+					case honest && !killed.IsZero() && (settled.IsZero() || began.Before(settled)):
+						interrupted++ // on west, or sent to it, as it died
 					default:
 						broken = append(broken, a)
 					}
@@ -275,17 +279,20 @@ func TestRealVLLMSimulatorTwoSites(t *testing.T) {
 			ready, found := east.seesReady("west-sim")
 			return found && !ready
 		})
+		mu.Lock()
 		notReady := time.Since(killed)
-		time.Sleep(time.Second)
+		settled = time.Now().Add(time.Second)
+		mu.Unlock()
+		time.Sleep(2 * time.Second)
 		cancel()
 		wg.Wait()
 		if len(broken) > 0 {
 			t.Errorf("%d of %d answers at east's gateway were broken across the kill of west's engine; the first: %+v", len(broken), answers, broken[0])
 		}
 		if interrupted > 4 {
-			t.Errorf("%d requests in flight at the kill failed; at most the 4 clients' can have been on west", interrupted)
+			t.Errorf("%d requests failed as west died; at most a few of the 2 clients' can have been on it", interrupted)
 		}
-		t.Logf("%d answers across the kill: %d in flight on west ended with an error the client sees, none broken; west read not ready after %v",
+		t.Logf("%d answers across the kill: %d on west as it died ended with an error the client sees, none broken; west read not ready after %v",
 			answers, interrupted, notReady.Round(100*time.Millisecond))
 	})
 }
