@@ -128,6 +128,16 @@ func (cp *controlPlane) client(t *testing.T, token string) client.Client {
 
 func (cp *controlPlane) admin(t *testing.T) client.Client { return cp.client(t, cp.adminToken) }
 
+// namespace creates a namespace.
+func (cp *controlPlane) namespace(t *testing.T, name string) {
+	t.Helper()
+	ns := &corev1.Namespace{}
+	ns.Name = name
+	if err := cp.admin(t).Create(context.Background(), ns); err != nil {
+		t.Fatalf("namespace %s: %v", name, err)
+	}
+}
+
 // kubeconfig writes a kubeconfig that authenticates with token and returns
 // its path, for a process the test starts (KUBECONFIG=path).
 func (cp *controlPlane) kubeconfig(t *testing.T, name, token string) string {
@@ -212,11 +222,7 @@ func ecKeyPEM(t *testing.T) []byte {
 func TestControlPlaneStarts(t *testing.T) {
 	cp := startControlPlane(t)
 	ctx := context.Background()
-	ns := &corev1.Namespace{}
-	ns.Name = "probe"
-	if err := cp.admin(t).Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	cp.namespace(t, "probe")
 	sa := &corev1.ServiceAccount{}
 	sa.Namespace, sa.Name = "probe", "nobody"
 	if err := cp.admin(t).Create(ctx, sa); err != nil {

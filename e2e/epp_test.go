@@ -49,15 +49,16 @@ func eppModuleDir(t *testing.T) string {
 // load. Grid's operator scrapes the EPP's real /metrics with a
 // ServiceAccount token that the EPP's authentication really checks
 // (TokenReview and SubjectAccessReview against the API server), and the
-// test asserts what Grid publishes: ready endpoints, in-flight and queue,
-// the pool filter, and a pod going unready.
+// test asserts what Grid publishes: ready endpoints, in-flight (running
+// and queued), the pool filter, and a pod going unready.
 func TestRealEPP(t *testing.T) {
 	cp := startControlPlane(t)
 	ctx := context.Background()
 	c := cp.admin(t)
+	crds := filepath.Join(eppModuleDir(t), "config/crd/bases")
 	for _, name := range []string{"inference.networking.k8s.io_inferencepools.yaml", "inference.networking.x-k8s.io_inferenceobjectives.yaml",
 		"inference.networking.x-k8s.io_inferencemodelrewrites.yaml"} {
-		b, err := os.ReadFile(filepath.Join(eppModuleDir(t), "config/crd/bases", name))
+		b, err := os.ReadFile(filepath.Join(crds, name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,11 +68,7 @@ func TestRealEPP(t *testing.T) {
 			}
 		}
 	}
-	ns := &corev1.Namespace{}
-	ns.Name = "llm-d"
-	if err := c.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	cp.namespace(t, "llm-d")
 
 	// One engine of two slots behind both pods.
 	simURL, _ := startSim(t, 2, 20)
@@ -111,14 +108,13 @@ func TestRealEPP(t *testing.T) {
 		"--refresh-prometheus-metrics-interval", "1s")
 	reader := &corev1.ServiceAccount{}
 	reader.Namespace, reader.Name = "grid", "grid-metrics-reader"
-	gridNS := &corev1.Namespace{}
-	gridNS.Name = "grid"
 	role := &rbacv1.ClusterRole{Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
 	role.Name = "epp-metrics-reader"
 	binding := &rbacv1.ClusterRoleBinding{RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "grid", Name: reader.Name}}}
 	binding.Name = role.Name
-	for _, obj := range []client.Object{gridNS, reader, role, binding} {
+	cp.namespace(t, "grid")
+	for _, obj := range []client.Object{reader, role, binding} {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatalf("%s: %v", obj.GetName(), err)
 		}
@@ -130,7 +126,7 @@ func TestRealEPP(t *testing.T) {
 		if bearer != "" {
 			req.Header.Set("Authorization", "Bearer "+bearer)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Timeout: 3 * time.Second}).Do(req)
 		if err != nil {
 			return 0, ""
 		}

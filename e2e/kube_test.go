@@ -121,11 +121,7 @@ func TestHelmChartOnARealAPIServer(t *testing.T) {
 	installCRDs(t, cp)
 	ctx := context.Background()
 	c := cp.admin(t)
-	ns := &corev1.Namespace{}
-	ns.Name = "grid"
-	if err := c.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	cp.namespace(t, "grid")
 	for name, args := range map[string][]string{
 		"defaults":    {"--set", "site=east"},
 		"full values": {"-f", chartDir + "/ci/full-values.yaml"},
@@ -163,11 +159,7 @@ func TestOperatorOnARealAPIServer(t *testing.T) {
 	installCRDs(t, cp)
 	ctx := context.Background()
 	c := cp.admin(t)
-	ns := &corev1.Namespace{}
-	ns.Name = "grid"
-	if err := c.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	cp.namespace(t, "grid")
 	// East's operator runs in Kubernetes mode with one provider and one
 	// peer, west: file-mode Grid with its own simulator.
 	dir := t.TempDir()

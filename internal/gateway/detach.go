@@ -168,7 +168,8 @@ var chunkBuffers = sync.Pool{New: func() any { return new([chunkBufSize]byte) }}
 // run copies the stream until the upstream ends it, fails, or the client
 // leaves; then it gives the connection back to the server if the stream
 // ended whole, else closes it (a cut stream ends without the last chunk,
-// as net/http ends one, so the client sees it cut), and counts the
+// as net/http ends one, so the client sees it cut; one a drain cut ends
+// with the terminal event and the last chunk first), and counts the
 // request.
 func (s *detachedStream) run() {
 	outcome, whole := "routed", false
