@@ -13,7 +13,8 @@ import (
 )
 
 // TestDrainPastItsDeadline: SIGTERM to a gateway with 20 streams open that
-// outlast its one-second drain. Each client reads what it got, then the
+// outlast its one-second drain, streams it detaches and streams it copies
+// (limits.detachStreams off). Each client reads what it got, then the
 // terminal error event naming the shutdown, then a well-framed end: no
 // stream looks complete without its [DONE], none breaks mid-chunk. The
 // gateway exits 0 within its drain and the grace of the event.
@@ -24,18 +25,32 @@ func TestDrainPastItsDeadline(t *testing.T) {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
 	gridCerts(t, certs, "east")
-	engine, signals, client := freePort(t), freePort(t), freePort(t)
+	engine, signals := freePort(t), freePort(t)
 	// 2,000 tokens at 10 ms: 20 s per answer.
 	start(t, "sim", "--kind", "vllm", "--listen", engine, "--slots", "32")
 	op := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nsignals: {listen: %[2]q}\nmetrics: {listen: %[3]q}\nstateDir: %[4]s\nscrapeInterval: 200ms\nproviders:\n  - {name: engine, model: Qwen/Qwen3-8B, kind: vllm, upstream: \"http://%[5]s\", metrics: {endpoint: \"http://%[5]s\"}}\n",
 		certs, signals, freePort(t), filepath.Join(dir, "state"), engine)
-	gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\n",
-		certs, client, freePort(t), freePort(t), signals)
-	opFile, gwFile := filepath.Join(dir, "operator.yaml"), filepath.Join(dir, "gateway.yaml")
+	opFile := filepath.Join(dir, "operator.yaml")
 	os.WriteFile(opFile, []byte(op), 0o600)
-	os.WriteFile(gwFile, []byte(gw), 0o600)
 	start(t, "operator", "--config", opFile)
-	gateway := start(t, "gateway", "--config", gwFile, "--drain-timeout", "1s")
+	for _, detach := range []bool{true, false} {
+		t.Run(fmt.Sprintf("detachStreams=%v", detach), func(t *testing.T) {
+			client := freePort(t)
+			gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\nlimits: {detachStreams: %[6]v}\n",
+				certs, client, freePort(t), freePort(t), signals, detach)
+			gwFile := filepath.Join(dir, fmt.Sprintf("gateway-%v.yaml", detach))
+			os.WriteFile(gwFile, []byte(gw), 0o600)
+			gateway := start(t, "gateway", "--config", gwFile, "--drain-timeout", "1s")
+			drainPastDeadline(t, client, gateway)
+		})
+	}
+}
+
+// drainPastDeadline opens 20 streams of 20 s on the gateway at client,
+// sends it SIGTERM once each has its first event, and checks how each
+// ended and how long the gateway took to exit.
+func drainPastDeadline(t *testing.T, client string, gateway *process) {
+	t.Helper()
 	body := `{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":2000,"stream":true}`
 	eventually(t, "the gateway routes", 15*time.Second, func() bool {
 		resp, err := http.Post("http://"+client+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"Qwen/Qwen3-8B","max_tokens":1}`))

@@ -52,6 +52,11 @@ func runSim(ctx context.Context, args []string, e *env) error {
 // refused, in-flight requests get up to drain to finish, and so does each
 // of more, run after the server's own drain under the same deadline (the
 // gateway's detached streams, which the server does not track).
+// drainGrace is what a server's handlers get, after a drain ran out of
+// time and interrupted their answers, to end them before the connections
+// close (the gateway's streams write their terminal event).
+const drainGrace = time.Second
+
 func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, more ...func(context.Context) error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -71,6 +76,12 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 		err = errors.Join(err, drainMore(sctx))
 	}
 	if err != nil {
+		// The drains past their deadline interrupted what they hold; the
+		// handlers get a moment to end their answers before the
+		// connections close.
+		gctx, gcancel := context.WithTimeout(context.Background(), drainGrace)
+		srv.Shutdown(gctx)
+		gcancel()
 		srv.Close()
 		e.log.Warn("drain timed out; closed remaining connections", "listener", name, "err", err)
 	}

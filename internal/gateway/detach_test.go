@@ -113,6 +113,17 @@ func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
 	return g, ln.Addr().String()
 }
 
+// switchDetachOff reloads g with limits.detachStreams false.
+func switchDetachOff(t *testing.T, g *Gateway) {
+	t.Helper()
+	off := *g.cfg.Load()
+	no := false
+	off.Limits.DetachStreams = &no
+	if err := g.Reload(&off); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func streamRequest(t *testing.T, addr string) *http.Request {
 	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
@@ -319,12 +330,7 @@ func TestStreamThatCannotFinishEndsWithAnError(t *testing.T) {
 				up.cut, up.noDone, up.terminal = tc.cut, tc.early, tc.terminal
 				g, addr := detachGateway(t, up.URL)
 				if !detaching {
-					off := *g.cfg.Load()
-					no := false
-					off.Limits.DetachStreams = &no
-					if err := g.Reload(&off); err != nil {
-						t.Fatal(err)
-					}
+					switchDetachOff(t, g)
 				}
 				if tc.want == "" && !tc.terminal {
 					close(up.step)
@@ -423,12 +429,7 @@ func TestStreamNotDetachedWhenConnectionCloses(t *testing.T) {
 func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
-	off := *g.cfg.Load()
-	no := false
-	off.Limits.DetachStreams = &no
-	if err := g.Reload(&off); err != nil {
-		t.Fatal(err)
-	}
+	switchDetachOff(t, g)
 	stream := func() *bufio.Reader {
 		resp, err := http.DefaultClient.Do(streamRequest(t, addr))
 		if err != nil {
@@ -621,4 +622,34 @@ func TestBodyBudgetHeldUntilTheUpstreamLetsGo(t *testing.T) {
 		t.Fatalf("last event %q", ev)
 	}
 	waitFor(t, "the budget whole again", func() bool { return g.bodies.used.Load() == 0 })
+}
+
+// TestInterruptStreamsEndsCopiedStreams: a stream the server copies itself
+// (detaching off) is ended by InterruptStreams once the drain's deadline
+// passed, with the terminal event naming the shutdown, and not before.
+func TestInterruptStreamsEndsCopiedStreams(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	switchDetachOff(t, g)
+	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	g.InterruptStreams(context.Background()) // within its time: nothing
+	if g.stopping.Err() != nil {
+		t.Fatal("InterruptStreams with time left interrupted the streams")
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.InterruptStreams(done)
+	rest, err := io.ReadAll(br)
+	if err != nil || !strings.HasSuffix(string(rest), string(streamShutdown.event(false))) {
+		t.Fatalf("a copied stream interrupted reads %q, %v; want the terminal event, then its end", rest, err)
+	}
+	waitFor(t, "the interruption counted", func() bool {
+		return testutil.ToFloat64(g.m.streamsEndedEarly.WithLabelValues("east", string(streamShutdown))) == 1
+	})
 }

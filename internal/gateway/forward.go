@@ -201,6 +201,14 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 	if out.stream && g.cfg.Load().Limits.Detach() {
 		via = detachVia(r)
 	}
+	if out.stream && via == nil {
+		// A stream this server copies itself ends with the terminal
+		// event when a drain runs out of time (InterruptStreams).
+		ctx, cancel := context.WithCancelCause(outCtx)
+		stop := context.AfterFunc(g.stopping, func() { cancel(errShutdown) })
+		defer func() { stop(); cancel(nil) }()
+		outCtx = ctx
+	}
 	var stopWatch func() bool
 	var cancelOut context.CancelFunc
 	if via != nil {
@@ -215,7 +223,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			if via != nil {
+			if outCtx != r.Context() {
 				pr.Out = pr.Out.WithContext(outCtx)
 			}
 			pr.SetURL(c.Upstream)
@@ -405,11 +413,15 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 		return n, err
 	}
 	b.keepTail(p[:n])
-	if err == nil || b.ctx.Err() != nil || b.sawDone() {
+	shutdown := b.ctx.Err() != nil && context.Cause(b.ctx) == errShutdown
+	if err == nil || (b.ctx.Err() != nil && !shutdown) || b.sawDone() {
 		return n, err // streaming, whole, or the client is gone
 	}
 	reason := streamCut
-	if err == io.EOF {
+	switch {
+	case shutdown:
+		reason = streamShutdown
+	case err == io.EOF:
 		reason = streamEndedEarly
 	}
 	b.ended(reason)

@@ -89,6 +89,11 @@ type Gateway struct {
 	// streams are the SSE answers copied off the server's goroutines
 	// (detach.go).
 	streams *streamSet
+	// stopping is done, with cause errShutdown, once a drain ran out of
+	// time (InterruptStreams): the streams the servers copy themselves end
+	// with the terminal event. interrupt ends it; any goroutine.
+	stopping  context.Context
+	interrupt context.CancelCauseFunc
 	// wake asks the poll loop to poll (a request after an idle spell);
 	// ejected asks it for a rebuild after a passive-health ejection; first
 	// is closed after the first successful poll (firstOnce).
@@ -186,6 +191,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		hist:     newHistory(),
 		streams:  newStreamSet(),
 	}
+	g.stopping, g.interrupt = context.WithCancelCause(context.Background())
 	g.health = newHealth(opts.Clock, func(reason string) {
 		m.ejections.WithLabelValues(reason).Inc()
 		select {
@@ -764,9 +770,30 @@ func (g *Gateway) Ready() (bool, string) {
 func (g *Gateway) Snapshot() *route.Snapshot { return g.builder.Current() }
 
 // DrainStreams waits until every detached stream has ended, or ctx is
-// done; then it cuts those left. Call it after the client listener's
-// server has shut down: the server does not wait for them.
-func (g *Gateway) DrainStreams(ctx context.Context) error { return g.streams.drain(ctx) }
+// done; then it ends those left, and the streams the servers copy, with
+// the terminal event (InterruptStreams). Call it after the client
+// listener's server has shut down: the server does not wait for them.
+func (g *Gateway) DrainStreams(ctx context.Context) error {
+	err := g.streams.drain(ctx)
+	g.InterruptStreams(ctx)
+	return err
+}
+
+// InterruptStreams, once ctx is done (a drain's deadline passed), ends
+// every stream a server copies itself with the terminal event, so that a
+// last Shutdown lets their handlers write it and end the answers well
+// framed before the connections close. With ctx not done it does
+// nothing: the drain is still within its time.
+func (g *Gateway) InterruptStreams(ctx context.Context) error {
+	if ctx.Err() != nil {
+		g.interrupt(errShutdown)
+	}
+	return nil
+}
+
+// errShutdown is the cause of an upstream request a drain past its
+// deadline cancelled: its stream ends with the terminal event.
+var errShutdown = errors.New("the gateway's drain timed out")
 
 // Close cuts the detached streams still running and releases idle
 // upstream connections.
