@@ -43,6 +43,8 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	log := e.log.With("component", "gateway", "site", cfg.Site)
 	if limit := gateway.SetMemoryLimitFromCgroup(); limit > 0 {
 		log.Info("memory limit set from the cgroup (GOMEMLIMIT not given)", "bytes", limit)
+	} else if limit := gateway.SetMemoryLimitFromBodies(cfg.Limits.BodyBytes); limit > 0 {
+		log.Info("memory limit set from the body budget (no GOMEMLIMIT, no cgroup limit)", "bytes", limit)
 	}
 	clk := clock.Real{}
 	id, err := identity.LoadSource(*cfg.TLS, cfg.TrustDomain, cfg.Site, clk, log)

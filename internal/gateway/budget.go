@@ -127,10 +127,46 @@ func (a *attemptBody) Close() error {
 // one: bodies are one of several things a gateway holds (streams,
 // connections, the store), and the limit must stay reachable by the rest.
 func defaultBodyBudget() int64 {
-	if limit := debug.SetMemoryLimit(-1); limit > 0 && limit < math.MaxInt64 {
+	limit := debug.SetMemoryLimit(-1)
+	switch {
+	case limit > 0 && limit == limitFromBodies.Load():
+		return limit - bodyHeadroom // the limit was set from this default
+	case limit > 0 && limit < math.MaxInt64:
 		return limit / 4
 	}
 	return 512 << 20
+}
+
+// limitFromBodies is the memory limit SetMemoryLimitFromBodies set (0:
+// none), so the default budget it was derived from stays what it was.
+var limitFromBodies atomic.Int64
+
+// bodyHeadroom is what the memory limit set from the body budget allows
+// beyond the bodies: the rest of a gateway's heap (streams, connections,
+// the store) and the garbage of bodies already released.
+const bodyHeadroom = 256 << 20
+
+// SetMemoryLimitFromBodies sets the Go memory limit to the body budget
+// (limits.bodyBytes, or its default) plus bodyHeadroom when neither
+// GOMEMLIMIT nor a cgroup gave one: without a limit the collector lets the
+// heap reach twice what is live, and bodies released and admitted anew
+// (stalled clients timing out, others taking their place) held 1 GiB of
+// RSS against the 512 MiB budget. The limit is soft: past it the collector
+// runs more often, never kills. It returns the limit set, or 0.
+func SetMemoryLimitFromBodies(budget int64) int64 {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return 0
+	}
+	if limit := debug.SetMemoryLimit(-1); limit > 0 && limit < math.MaxInt64 {
+		return 0 // the cgroup's (SetMemoryLimitFromCgroup)
+	}
+	if budget == 0 {
+		budget = defaultBodyBudget()
+	}
+	limit := budget + bodyHeadroom
+	debug.SetMemoryLimit(limit)
+	limitFromBodies.Store(limit)
+	return limit
 }
 
 // SetMemoryLimitFromCgroup sets the Go memory limit to 90% of the cgroup's

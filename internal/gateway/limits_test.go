@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +231,32 @@ func TestMetricsListenerCap(t *testing.T) {
 	}
 	if got := shedTotal(g, "metrics", "total"); got != 1 {
 		t.Errorf("metrics total sheds %v, want 1", got)
+	}
+}
+
+// TestMemoryLimitFromBodies: with neither GOMEMLIMIT nor a cgroup limit,
+// the memory limit is the body budget plus the headroom, and the default
+// budget stays 512 MiB (not a quarter of the limit it was derived from);
+// GOMEMLIMIT, or a limit already set, is left alone.
+func TestMemoryLimitFromBodies(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old); limitFromBodies.Store(0) })
+	reset := func() { debug.SetMemoryLimit(math.MaxInt64); limitFromBodies.Store(0) }
+
+	reset()
+	if got := SetMemoryLimitFromBodies(0); got != 512<<20+bodyHeadroom || defaultBodyBudget() != 512<<20 {
+		t.Errorf("default: limit %d, budget %d; want %d and %d", got, defaultBodyBudget(), 512<<20+bodyHeadroom, 512<<20)
+	}
+	if got := SetMemoryLimitFromBodies(0); got != 0 {
+		t.Errorf("a limit already set was replaced by %d", got)
+	}
+	reset()
+	if got := SetMemoryLimitFromBodies(100 << 20); got != 100<<20+bodyHeadroom {
+		t.Errorf("limits.bodyBytes 100 MiB: limit %d", got)
+	}
+	reset()
+	t.Setenv("GOMEMLIMIT", "1GiB")
+	if got := SetMemoryLimitFromBodies(0); got != 0 || debug.SetMemoryLimit(-1) != math.MaxInt64 {
+		t.Errorf("with GOMEMLIMIT set: limit %d", got)
 	}
 }

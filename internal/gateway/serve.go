@@ -331,9 +331,13 @@ func (x *exchange) notDelivered() {
 // refused for it; what a body holds beyond that is reserved from the budget
 // before it is read: all of it at once when the client declared its length
 // (so a client that declares 10 MiB and stalls is refused at once when the
-// budget has not 10 MiB left), else as the buffer grows. The buffer grows
-// as bytes arrive, whatever was declared. It returns the bytes reserved, to
-// release when the request is done (the body is kept for a retry).
+// budget has not 10 MiB left), else as the buffer grows. A declared body's
+// buffer takes its whole length once the first chunk is full: grown by
+// doubling, the arrays it outgrew were garbage the budget did not count,
+// and 60 stalled 10 MiB bodies held 964 MiB of RSS against a 512 MiB
+// budget. An undeclared body's grows by doubling as bytes arrive. It
+// returns the bytes reserved, to release when the request is done (the
+// body is kept for a retry).
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte, reserved int64, refusal *apiError) {
 	if r.ContentLength > maxBody {
 		return nil, 0, &errTooLarge
@@ -358,6 +362,9 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 	for {
 		if len(buf) == cap(buf) {
 			size := min(2*int64(cap(buf)), limit)
+			if declared {
+				size = limit // reserved already: one array, no garbage
+			}
 			if size <= int64(cap(buf)) {
 				return nil, reserved, &errTooLarge
 			}
