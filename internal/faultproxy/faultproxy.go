@@ -1,7 +1,8 @@
 // Package faultproxy is a TCP proxy that injects network faults between two
 // of Grid's components in end-to-end tests: refused connections, a peer that
 // accepts and never answers, one that trickles its answer, a partition that
-// drops traffic, or a fixed answer in place of the real one. It works below
+// drops traffic, a fixed answer in place of the real one, or a slow link
+// (a fixed delay each way, as a wide-area round trip). It works below
 // TLS, so mutual TLS and identity checks run unchanged through it.
 package faultproxy
 
@@ -31,6 +32,9 @@ const (
 	// Respond answers every connection with the bytes given to SetResponse,
 	// whatever it asks, then closes it.
 	Respond
+	// Delay forwards both ways, each byte the delay given to SetDelay after
+	// it arrived: a link with that one-way latency and no bandwidth limit.
+	Delay
 )
 
 // TrickleEvery is the pause between bytes in Trickle mode.
@@ -47,6 +51,7 @@ type Proxy struct {
 	mu       sync.Mutex
 	mode     Mode
 	response []byte
+	delay    time.Duration
 	open     map[net.Conn]struct{}
 }
 
@@ -88,6 +93,14 @@ func (p *Proxy) SetResponse(raw []byte) {
 	p.Set(Respond)
 }
 
+// SetDelay sets the one-way delay of Delay mode and switches to it.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
+	p.Set(Delay)
+}
+
 // Close stops the proxy and every connection through it.
 func (p *Proxy) Close() error {
 	p.cancel()
@@ -105,14 +118,14 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		mode, response := p.mode, p.response
+		mode, response, delay := p.mode, p.response, p.delay
 		p.open[c] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			defer p.forget(c)
-			p.serve(c, mode, response)
+			p.serve(c, mode, response, delay)
 		}()
 	}
 }
@@ -124,7 +137,7 @@ func (p *Proxy) forget(c net.Conn) {
 	p.mu.Unlock()
 }
 
-func (p *Proxy) serve(c net.Conn, mode Mode, response []byte) {
+func (p *Proxy) serve(c net.Conn, mode Mode, response []byte, delay time.Duration) {
 	switch mode {
 	case Refuse:
 		return
@@ -149,11 +162,22 @@ func (p *Proxy) serve(c net.Conn, mode Mode, response []byte) {
 	p.mu.Unlock()
 	defer p.forget(up)
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(up, c); closeWrite(up); done <- struct{}{} }()
 	go func() {
-		if mode == Trickle {
-			p.trickle(c, up)
+		if mode == Delay {
+			p.delayed(up, c, delay)
 		} else {
+			io.Copy(up, c)
+		}
+		closeWrite(up)
+		done <- struct{}{}
+	}()
+	go func() {
+		switch mode {
+		case Trickle:
+			p.trickle(c, up)
+		case Delay:
+			p.delayed(c, up, delay)
+		default:
 			io.Copy(c, up)
 		}
 		closeWrite(c)
@@ -180,6 +204,56 @@ func (p *Proxy) trickle(dst, src net.Conn) {
 		}
 	}
 }
+
+// delayed copies src to dst, each read written delay after it arrived. A
+// reader goroutine stamps what arrives and queues it (at most delayQueue
+// reads, so a receiver that stops reading stops the sender, as TCP would);
+// this one writes each when its time comes.
+func (p *Proxy) delayed(dst, src net.Conn, delay time.Duration) {
+	type arrival struct {
+		due time.Time
+		b   []byte
+	}
+	queue := make(chan arrival, delayQueue)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(queue)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				select {
+				case queue <- arrival{due: time.Now().Add(delay), b: b[:n]}:
+				case <-stop:
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for a := range queue {
+		if wait := time.Until(a.due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-p.ctx.Done():
+				t.Stop()
+				src.Close() // ends the reader
+				return
+			}
+		}
+		if _, err := dst.Write(a.b); err != nil {
+			src.Close()
+			return
+		}
+	}
+}
+
+// delayQueue bounds the reads a Delay link holds in flight per direction.
+const delayQueue = 256
 
 // closeWrite passes a half-close on, so the far side sees the end of what
 // was sent while its answer can still come back.

@@ -88,3 +88,31 @@ func TestSetCutsOpenConnections(t *testing.T) {
 		t.Error("a kept-alive connection carried a request through a blackhole")
 	}
 }
+
+// TestDelay: a request and its answer each take the delay, and a large
+// answer arrives whole and in order.
+func TestDelay(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, big) }))
+	defer backend.Close()
+	p, err := Start(strings.TrimPrefix(backend.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const delay = 150 * time.Millisecond
+	p.SetDelay(delay)
+	start := time.Now()
+	body, err := get(p.Addr(), 5*time.Second)
+	took := time.Since(start)
+	if err != nil || body != big {
+		t.Fatalf("delayed: %d bytes, %v; want the 1 MiB answer whole", len(body), err)
+	}
+	if took < 2*delay {
+		t.Errorf("a round trip through a %v link took %v, want at least %v", delay, took, 2*delay)
+	}
+	p.Set(Pass)
+	if body, err := get(p.Addr(), 2*time.Second); err != nil || body != big {
+		t.Fatalf("healed: %d bytes, %v", len(body), err)
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/faultproxy"
 	"github.com/grid-inference/grid/internal/gateway"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/operator"
@@ -77,6 +78,12 @@ type gridSpec struct {
 	// plainPolls runs the operators with long polls off (Limits.MaxWait 0),
 	// as an operator that predates them: every link then polls plainly.
 	plainPolls bool
+	// ttft, where set, is a site's sim's time to first token (20ms
+	// otherwise).
+	ttft map[string]time.Duration
+	// hopDelay, where set, puts a link of that one-way delay in front of
+	// each site's hop listener: the peers' gateways reach it through it.
+	hopDelay time.Duration
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -94,7 +101,11 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		}{{"client", &s.client}, {"hop", &s.hop}, {"signals", &s.signals}, {"metrics", &s.met}} {
 			s.lns[p.key], *p.addr = listenAny(t)
 		}
-		sm, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: spec.slots[n], TTFT: 20 * time.Millisecond, TPOT: 20 * time.Millisecond, RefreshInterval: 100 * time.Millisecond})
+		ttft := 20 * time.Millisecond
+		if d, ok := spec.ttft[n]; ok {
+			ttft = d
+		}
+		sm, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: spec.slots[n], TTFT: ttft, TPOT: 20 * time.Millisecond, RefreshInterval: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,6 +121,19 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 	tlsBlock := func(n string) string {
 		return fmt.Sprintf("tls: {ca: %q, cert: %q, key: %q}\n", filepath.Join(dir, "ca.crt"), filepath.Join(dir, n+".crt"), filepath.Join(dir, n+".key"))
 	}
+	hopAddr := map[string]string{}
+	for n, s := range sites {
+		hopAddr[n] = s.hop
+		if spec.hopDelay > 0 {
+			link, err := faultproxy.Start(s.hop)
+			if err != nil {
+				t.Fatal(err)
+			}
+			link.SetDelay(spec.hopDelay)
+			t.Cleanup(func() { link.Close() })
+			hopAddr[n] = link.Addr()
+		}
+	}
 	for n, s := range sites {
 		peer := sites[map[string]string{"east": "west", "west": "east"}[n]]
 		peerPoll := spec.peerPollInterval
@@ -117,7 +141,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 			peerPoll = "1s"
 		}
 		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\npeerPollInterval: "+peerPoll+"\npeers:\n  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\nproviders:\n  - {name: %s-pool, model: %s, kind: epp, upstream: %q, metrics: {endpoint: %q}}\n",
-			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, peer.hop, n, sim.DefaultModel, s.simURL, s.simURL)
+			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, hopAddr[peer.name], n, sim.DefaultModel, s.simURL, s.simURL)
 		opCfg, err := config.ParseOperator(n+".yaml", []byte(opYAML))
 		if err != nil {
 			t.Fatal(err)
@@ -752,6 +776,63 @@ func TestRemoteExclusionAtDefaultIntervals(t *testing.T) {
 				t.Errorf("east's gateway trails west's by %v out and %v back: want within %v", out-localOut, back-localBack, tc.lag)
 			}
 		})
+	}
+}
+
+// TestHopKeepsStreamsOfASlowPeer: a peer gateway that answers the hop's
+// liveness ping late, because its link is slow or its process was starved
+// of CPU for a moment, keeps its streams. The hop link here adds 600 ms
+// each way (a ping's answer comes 1.2 s after it was sent) and west's
+// engine sends nothing for 3 s after an answer's headers, so each hop
+// connection is idle long enough to be pinged. A liveness check that
+// closed a connection after 1 s without an answer cut every stream on it
+// (docs/reliability.md); a stopped peer is still noticed within 3 s
+// (TestFaults, SIGSTOP).
+func TestHopKeepsStreamsOfASlowPeer(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 8},
+		ttft: map[string]time.Duration{"west": 3 * time.Second}, hopDelay: 600 * time.Millisecond})
+	east := g["east"]
+	westIn := func() bool {
+		for _, c := range east.gw.View().Sites {
+			if c.Site == "west" {
+				return c.Ready
+			}
+		}
+		return false
+	}
+	waitUntil(t, 20*time.Second, "east draws on west", westIn)
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	waitUntil(t, 10*time.Second, "east's own site out of its snapshot", func() bool {
+		for _, c := range east.gw.View().Sites {
+			if c.Site == "east" {
+				return !c.Ready
+			}
+		}
+		return false
+	})
+	const streams = 6
+	var wg sync.WaitGroup
+	results := make([]string, streams)
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, body, err := postChat(east.client, 4, true)
+			switch {
+			case err != nil:
+				results[i] = err.Error()
+			case resp.Header.Get("X-Grid-Site") != "west":
+				results[i] = fmt.Sprintf("%d from %q", resp.StatusCode, resp.Header.Get("X-Grid-Site"))
+			case !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") || strings.Contains(body, `"error"`):
+				results[i] = fmt.Sprintf("%d, cut: %q", resp.StatusCode, body)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r != "" {
+			t.Errorf("stream %d through the slow hop: %s", i, r)
+		}
 	}
 }
 

@@ -20,10 +20,14 @@ const (
 	// pinged, and closed when no answer comes within hopPingTimeout. The
 	// peer's HTTP/2 stack answers pings whatever its handlers are doing, so
 	// a slow model never looks dead; a hung or stopped peer process does,
-	// within about two seconds, instead of holding its requests for the
-	// response-header timeout.
-	hopPingAfter   = time.Second
-	hopPingTimeout = time.Second
+	// within 2.5 s of its last frame, instead of holding its requests for
+	// the response-header timeout. The answer may come 2 s late: a peer
+	// starved of CPU for a moment, or a long round trip, answers late, and
+	// closing the connection cuts every stream on it (up to 250). Pinging
+	// after half a second of silence leaves that patience inside the 3 s
+	// a stopped peer may take to be found.
+	hopPingAfter   = 500 * time.Millisecond
+	hopPingTimeout = 2 * time.Second
 )
 
 // upstreams holds the keep-alive connection pools: one HTTP/1.1 transport
