@@ -235,7 +235,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			pr.Out.ContentLength = int64(len(out.body))
 		},
 		Transport:     transport,
-		FlushInterval: -1,
+		FlushInterval: 0, // ReverseProxy flushes every write of a stream or an answer of unknown length itself
 		BufferPool:    buffer,
 		ModifyResponse: func(resp *http.Response) error {
 			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {

@@ -17,8 +17,9 @@ import (
 
 // streamHelperEnv makes the test binary a helper process of
 // BenchmarkStreamMemoryApart: "upstream" serves SSE streams that send one
-// event and hold, "clients ADDR N" opens N streams through ADDR. Either
-// runs until its standard input closes.
+// event and hold, "clients ADDR N" opens N streams through ADDR, "sim"
+// serves BenchmarkProxyCPU's sim. Each runs until its standard input
+// closes.
 const streamHelperEnv = "GRID_STREAM_HELPER"
 
 func init() {
@@ -29,6 +30,8 @@ func init() {
 		os.Exit(streamUpstreamHelper())
 	case "clients":
 		os.Exit(streamClientsHelper())
+	case "sim":
+		os.Exit(simHelper())
 	}
 	os.Exit(2)
 }
