@@ -60,7 +60,7 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	addrs := map[gateway.Listener]string{gateway.ClientListener: cfg.Listen, gateway.HopListener: cfg.Hop.Listen, gateway.MetricsListener: cfg.Metrics.Listen}
 	listeners := map[gateway.Listener]net.Listener{}
 	for _, name := range gateway.Listeners {
-		ln, err := net.Listen("tcp", addrs[name])
+		ln, err := gateway.Listen(ctx, addrs[name], cfg.ReusePort)
 		if err != nil {
 			for _, l := range listeners {
 				l.Close()

@@ -15,6 +15,10 @@ type Gateway struct {
 	Hop Listener `yaml:"hop"`
 	// Metrics is the plain listener for /metrics, /healthz, /readyz and /ui.
 	Metrics Listener `yaml:"metrics"`
+	// ReusePort binds the three listeners with SO_REUSEPORT, so that a
+	// replacement gateway can bind them while the one it replaces drains
+	// (docs/operations.md, restarting in place).
+	ReusePort bool `yaml:"reusePort"`
 	// Operator is this site's operator.
 	Operator OperatorRef `yaml:"operator"`
 	// TLS is the site's certificate material.

@@ -7,11 +7,13 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/connlimit"
 	"github.com/grid-inference/grid/internal/identity"
+	"golang.org/x/sys/unix"
 )
 
 // The gateway's listeners: which exist, the connection caps that guard
@@ -38,6 +40,30 @@ const (
 
 // Listeners lists every listener, in the order they are started.
 var Listeners = []Listener{ClientListener, HopListener, MetricsListener}
+
+// Listen binds addr for a listener; with reusePort (config key
+// `reusePort`), with SO_REUSEPORT, so that a gateway started on the same
+// addresses shares them: the kernel spreads new connections over every
+// process bound, and once the old one closes its listener at SIGTERM the
+// new one takes them all while the old drains.
+func Listen(ctx context.Context, addr string, reusePort bool) (net.Listener, error) {
+	var lc net.ListenConfig
+	if reusePort {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var sockErr error
+			if err := c.Control(func(fd uintptr) {
+				sockErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			if sockErr != nil {
+				return fmt.Errorf("SO_REUSEPORT: %w", sockErr)
+			}
+			return nil
+		}
+	}
+	return lc.Listen(ctx, "tcp", addr)
+}
 
 // String is the listener's name in logs and in the listener label.
 func (l Listener) String() string {

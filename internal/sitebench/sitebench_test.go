@@ -74,17 +74,18 @@ func TestBurstyArrivalsComeInBursts(t *testing.T) {
 }
 
 // TestNginxConfigWeighsBySlots: nginx gets every site's engines, weighted
-// by slots, SSE unbuffered, bodies in memory, and least_conn only when
-// asked.
+// by slots, SSE unbuffered, bodies in memory, its entry address shared
+// with a replacement (reuseport) beside one of its own, and least_conn
+// only when asked.
 func TestNginxConfigWeighsBySlots(t *testing.T) {
 	sites := []*site{{name: "s0", slots: 8, sim: "127.0.0.1:1"}, {name: "s1", slots: 32, sim: "127.0.0.1:2"}}
-	c := nginxConfig(sites, "127.0.0.1:3", "/tmp/x", false)
-	for _, want := range []string{"server 127.0.0.1:1 weight=8;", "server 127.0.0.1:2 weight=32;", "listen 127.0.0.1:3;", "proxy_buffering off;", "client_body_buffer_size 4m;", "add_header X-Upstream $upstream_addr"} {
+	c := nginxConfig(sites, "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", false)
+	for _, want := range []string{"server 127.0.0.1:1 weight=8;", "server 127.0.0.1:2 weight=32;", "listen 127.0.0.1:3 reuseport;", "listen 127.0.0.1:4;", "proxy_buffering off;", "client_body_buffer_size 4m;", "add_header X-Upstream $upstream_addr"} {
 		if !strings.Contains(c, want) {
 			t.Errorf("config lacks %q:\n%s", want, c)
 		}
 	}
-	if strings.Contains(c, "least_conn") || !strings.Contains(nginxConfig(sites, "127.0.0.1:3", "/tmp/x", true), "least_conn;") {
+	if strings.Contains(c, "least_conn") || !strings.Contains(nginxConfig(sites, "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", true), "least_conn;") {
 		t.Error("least_conn where not asked, or missing where asked")
 	}
 }

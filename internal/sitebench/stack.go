@@ -63,13 +63,17 @@ func startProc(name, bin string, args ...string) (*proc, error) {
 }
 
 // stop ends the process: SIGTERM, then SIGKILL after grace.
-func (p *proc) stop(grace time.Duration) {
+func (p *proc) stop(grace time.Duration) { p.stopWith(syscall.SIGTERM, grace) }
+
+// stopWith sends sig and waits grace for the process to exit, then kills
+// it.
+func (p *proc) stopWith(sig os.Signal, grace time.Duration) {
 	select {
 	case <-p.done:
 		return
 	default:
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.cmd.Process.Signal(sig)
 	select {
 	case <-p.done:
 	case <-time.After(grace):
@@ -228,17 +232,7 @@ func (st *stack) startOperator(s *site, certs string) error {
 }
 
 func (st *stack) startGateway(s *site, k int, certs string) error {
-	policy := ""
-	if st.router.Policy != "" {
-		policy = "availability: {policy: " + st.router.Policy + "}\n"
-	}
-	cfg := fmt.Sprintf("site: %s\n%s\nlisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: \"https://%s\"}\n%s",
-		s.name, tlsBlock(certs, s.name), s.replicas[k], s.hops[k], s.gwMetrics[k], s.signals, policy)
-	file := filepath.Join(st.dir, fmt.Sprintf("%s-gateway-%d.yaml", s.name, k))
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		return err
-	}
-	p, err := startProc(fmt.Sprintf("%s gateway %d", s.name, k), st.bin, "gateway", "--config", file, "--drain-timeout", "5s")
+	p, err := st.launchGateway(s, k, certs)
 	if err != nil {
 		return err
 	}
@@ -250,24 +244,60 @@ func (st *stack) startGateway(s *site, k int, certs string) error {
 	return waitHTTP(p, "http://"+s.gwMetrics[k]+"/healthz", 15*time.Second)
 }
 
-// restartGateways restarts every gateway replica, all at once, with what
-// it learned gone (the restart scenario); operators stay up. Each replica
-// is stopped (SIGTERM: it drains) and started again on its own, as a
-// process supervisor restarts each: stopped one after the other, the last
-// site's replicas stayed up until every drain before theirs had ended.
+// launchGateway starts replica k of site s on its addresses. Its listeners
+// are bound with SO_REUSEPORT, so a replacement can start beside it.
+func (st *stack) launchGateway(s *site, k int, certs string) (*proc, error) {
+	policy := ""
+	if st.router.Policy != "" {
+		policy = "availability: {policy: " + st.router.Policy + "}\n"
+	}
+	cfg := fmt.Sprintf("site: %s\n%s\nlisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\nreusePort: true\noperator: {signals: \"https://%s\"}\n%s",
+		s.name, tlsBlock(certs, s.name), s.replicas[k], s.hops[k], s.gwMetrics[k], s.signals, policy)
+	file := filepath.Join(st.dir, fmt.Sprintf("%s-gateway-%d.yaml", s.name, k))
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	return startProc(fmt.Sprintf("%s gateway %d", s.name, k), st.bin, "gateway", "--config", file, "--drain-timeout", "5s")
+}
+
+// restartGateways replaces every gateway replica at once, as a rolling
+// update replaces each behind its load balancer (the restart scenario);
+// operators stay up. Each replacement starts on its replica's client and
+// hop addresses beside the old process (SO_REUSEPORT) with a metrics
+// address of its own, so its /readyz is its own; once it has read its
+// operator the old one gets SIGTERM, stops accepting and drains while the
+// new one takes every new connection. The replacement knows only what its
+// operator holds.
 func (st *stack) restartGateways(certs string) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error
+	fail := func(err error) {
+		mu.Lock()
+		first = cmp.Or(first, err)
+		mu.Unlock()
+	}
 	for _, s := range st.sites {
 		for k := range s.replicas {
+			// Each goroutine touches only replica k of its site.
 			wg.Go(func() {
-				s.gws[k].stop(10 * time.Second)
-				if err := st.startGateway(s, k, certs); err != nil {
-					mu.Lock()
-					first = cmp.Or(first, err)
-					mu.Unlock()
+				old := s.gws[k]
+				metrics, err := freeAddr()
+				if err != nil {
+					fail(err)
+					return
 				}
+				s.gwMetrics[k] = metrics
+				p, err := st.launchGateway(s, k, certs)
+				if err != nil {
+					fail(err)
+					return
+				}
+				s.gws[k] = p
+				if err := waitHTTP(p, "http://"+metrics+"/readyz", 15*time.Second); err != nil {
+					fail(err)
+				}
+				old.stop(10 * time.Second)
 			})
 		}
 	}
@@ -277,7 +307,7 @@ func (st *stack) restartGateways(certs string) error {
 
 // nginxConfig is one nginx instance in front of every site's sim, weighted
 // by slots (weighted round robin), or by least connections.
-func nginxConfig(sites []*site, listen, dir string, leastConn bool) string {
+func nginxConfig(sites []*site, listen, probe, dir string, leastConn bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "worker_processes 1;\npid %s;\nerror_log %s warn;\ndaemon off;\nevents { worker_connections 8192; }\nhttp {\n", filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "error.log"))
 	// Request bodies (a 20,000-token prompt is 80 KB) are held in memory:
@@ -291,41 +321,74 @@ func nginxConfig(sites []*site, listen, dir string, leastConn bool) string {
 		fmt.Fprintf(&b, "    server %s weight=%d;\n", s.sim, s.slots)
 	}
 	b.WriteString("    keepalive 256;\n  }\n")
-	fmt.Fprintf(&b, "  server {\n    listen %s;\n    location / {\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n", listen)
+	fmt.Fprintf(&b, "  server {\n    listen %s reuseport;\n    listen %s;\n    location / {\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n", listen, probe)
 	return b.String()
 }
 
 func (st *stack) startNginx(leastConn bool) error {
 	for _, s := range st.sites {
-		for k, addr := range s.replicas {
-			dir := filepath.Join(st.dir, fmt.Sprintf("nginx-%s-%d", s.name, k))
-			if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
-				return err
-			}
-			file := filepath.Join(dir, "nginx.conf")
-			if err := os.WriteFile(file, []byte(nginxConfig(st.sites, addr, dir, leastConn)), 0o644); err != nil {
-				return err
-			}
-			p, err := startProc("nginx "+addr, nginxBinary, "-e", filepath.Join(dir, "error.log"), "-c", file)
+		for k := range s.replicas {
+			p, err := st.launchNginx(s, k, leastConn, 0)
 			if err != nil {
 				return err
 			}
 			st.nginx = append(st.nginx, p)
-			if err := waitTCP(p, addr, 10*time.Second); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
 }
 
-// restartNginx stops every nginx instance and starts it again.
-func (st *stack) restartNginx(leastConn bool) error {
-	for _, p := range st.nginx {
-		p.stop(10 * time.Second)
+// launchNginx starts instance k of site s (its generation-th start) on the
+// replica's address, bound with reuseport so a replacement can start
+// beside it, and waits until it accepts on an address of its own.
+func (st *stack) launchNginx(s *site, k int, leastConn bool, generation int) (*proc, error) {
+	addr := s.replicas[k]
+	dir := filepath.Join(st.dir, fmt.Sprintf("nginx-%s-%d-%d", s.name, k, generation))
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+		return nil, err
 	}
-	st.nginx = nil
-	return st.startNginx(leastConn)
+	probe, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(file, []byte(nginxConfig(st.sites, addr, probe, dir, leastConn)), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := startProc("nginx "+addr, nginxBinary, "-e", filepath.Join(dir, "error.log"), "-c", file)
+	if err != nil {
+		return nil, err
+	}
+	return p, waitTCP(p, probe, 10*time.Second)
+}
+
+// restartNginx replaces every nginx instance at once, as restartGateways
+// replaces the gateways: the new one starts beside the old (reuseport),
+// then the old one gets SIGQUIT, nginx's graceful stop (it closes its
+// listeners and finishes what it holds).
+func (st *stack) restartNginx(leastConn bool) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(st.nginx))
+	i := 0
+	for _, s := range st.sites {
+		for k := range s.replicas {
+			// Each goroutine touches only st.nginx[slot].
+			slot := i
+			i++
+			wg.Go(func() {
+				old := st.nginx[slot]
+				p, err := st.launchNginx(s, k, leastConn, 1)
+				if err != nil {
+					errs[slot] = err
+					return
+				}
+				st.nginx[slot] = p
+				old.stopWith(syscall.SIGQUIT, 10*time.Second)
+			})
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // close stops every process, gateways and nginx first.
@@ -351,7 +414,6 @@ func (st *stack) close() {
 // nginxBinary is nginx from the OS packages.
 var nginxBinary = "/usr/sbin/nginx"
 
-// ErrNoNginx says nginx is missing, and how to install it.
 var ErrNoNginx = errors.New("nginx is not installed: apt-get install nginx-light (the nginx routers need it)")
 
 // waitHTTP waits until url answers 2xx, or p exits, or timeout.
