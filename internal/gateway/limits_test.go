@@ -260,3 +260,26 @@ func TestMemoryLimitFromBodies(t *testing.T) {
 		t.Errorf("with GOMEMLIMIT set: limit %d", got)
 	}
 }
+
+// TestListenReusePort: with reusePort a second gateway binds the address
+// the first holds (a restart in place); without it the
+// second is refused, so two gateways given one address by mistake fail at
+// start.
+func TestListenReusePort(t *testing.T) {
+	ctx := context.Background()
+	first, err := Listen(ctx, "127.0.0.1:0", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	addr := first.Addr().String()
+	second, err := Listen(ctx, addr, true)
+	if err != nil {
+		t.Fatalf("a second listener with reusePort on %s: %v", addr, err)
+	}
+	second.Close()
+	if ln, err := Listen(ctx, addr, false); err == nil {
+		ln.Close()
+		t.Errorf("a listener without reusePort bound %s, which another holds", addr)
+	}
+}
