@@ -182,6 +182,12 @@ type ProviderMetrics struct {
 	// provider is declared not ready (default half the signals TTL).
 	// +optional
 	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
+	// RefreshInterval is how often the backend recomputes the gauges it
+	// serves: the EPP's --refresh-prometheus-metrics-interval (default
+	// none: live gauges, as an engine's). Readings are stamped half of it
+	// before the scrape.
+	// +optional
+	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
 	// BearerTokenSecretRef holds a token sent as Authorization: Bearer (the
 	// EPP's /metrics requires one by default).
 	// +optional

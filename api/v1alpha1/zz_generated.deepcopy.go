@@ -330,6 +330,11 @@ func (in *ProviderMetrics) DeepCopyInto(out *ProviderMetrics) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.RefreshInterval != nil {
+		in, out := &in.RefreshInterval, &out.RefreshInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.BearerTokenSecretRef != nil {
 		in, out := &in.BearerTokenSecretRef, &out.BearerTokenSecretRef
 		*out = new(SecretKeyRef)

@@ -185,11 +185,14 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	runs := fs.Int("runs", 1, "runs per cell; above one, each figure carries its 95% interval")
 	seed := fs.Uint64("seed", 7, "the workload's seed (run n adds n)")
 	format := fs.String("format", "text", "text (a table per scenario) or tsv (a line per scenario, router and run)")
+	eppRefresh := fs.Duration("epp-refresh", sitebench.DefaultTiming.EPPRefresh, "how often each site's EPP recomputes its pool gauges (the real EPP's default is 5s)")
 	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
+	timing := sitebench.DefaultTiming
+	timing.EPPRefresh = *eppRefresh
 	cfg := sitebench.Config{Replicas: *replicas, Load: *load, Arrivals: sitebench.Arrivals(*arrivals), Warmup: *warmup, Duration: *duration,
-		Runs: *runs, Seed: *seed, Timing: sitebench.DefaultTiming, Log: e.stderr}
+		Runs: *runs, Seed: *seed, Timing: timing, Log: e.stderr}
 	bad := func(flag string, err error) error {
 		return fmt.Errorf("%w: bench sites: --%s: %v", errUsage, flag, err)
 	}

@@ -231,6 +231,12 @@ type Metrics struct {
 	// Interval is how often this provider is scraped; zero means the
 	// operator's scrapeInterval.
 	Interval Duration `yaml:"interval"`
+	// RefreshInterval is how often the backend recomputes the gauges it
+	// serves (the EPP's --refresh-prometheus-metrics-interval, 5 s by
+	// default); zero means they are live, as an engine's are. A scrape
+	// reads values computed, on average, half of it earlier, and its
+	// readings are stamped so.
+	RefreshInterval Duration `yaml:"refreshInterval"`
 	// BearerTokenFile holds a token sent as Authorization: Bearer.
 	BearerTokenFile string `yaml:"bearerTokenFile"`
 	// TLS configures HTTPS scraping.

@@ -206,6 +206,9 @@ func (c *Operator) validate(doc *document) error {
 		if pr.Metrics.Interval < 0 {
 			p.addf(path+".metrics.interval", "must not be negative")
 		}
+		if pr.Metrics.RefreshInterval < 0 {
+			p.addf(path+".metrics.refreshInterval", "must not be negative")
+		}
 		if pr.Metrics.StaleAfter < 0 {
 			p.addf(path+".metrics.staleAfter", "must not be negative")
 		}

@@ -65,6 +65,7 @@ func provider(name string, generation int64) *gridv1.InferenceProvider {
 		Spec: gridv1.InferenceProviderSpec{Model: "Qwen/Qwen3-8B", Kind: "epp", Upstream: "http://" + name + ".svc:8000",
 			Metrics: gridv1.ProviderMetrics{Endpoint: "http://" + name + "-epp.svc:9090", PoolName: name,
 				Timeout:              &metav1.Duration{Duration: 500 * time.Millisecond},
+				RefreshInterval:      &metav1.Duration{Duration: time.Second},
 				BearerTokenSecretRef: &gridv1.SecretKeyRef{Name: "epp-token", Key: "token"}}},
 	}
 }
@@ -116,7 +117,7 @@ func TestTranslateIsTheFileModeConfiguration(t *testing.T) {
 	if *b.Object != (config.ObjectRevision{UID: "u-qwen-b", Generation: 3}) {
 		t.Errorf("revision %+v, want the object's uid and generation", *b.Object)
 	}
-	if b.Metrics.Path != "/metrics" || b.Metrics.Timeout.D() != 500*time.Millisecond || b.Metrics.PoolName != "qwen-b" {
+	if b.Metrics.Path != "/metrics" || b.Metrics.Timeout.D() != 500*time.Millisecond || b.Metrics.PoolName != "qwen-b" || b.Metrics.RefreshInterval.D() != time.Second {
 		t.Errorf("metrics %+v", b.Metrics)
 	}
 	for file, want := range map[string]string{cfg.TLS.CA: "CA PEM", cfg.TLS.Cert: "CERT PEM", cfg.TLS.Key: "KEY PEM", b.Metrics.BearerTokenFile: "s3cret"} {

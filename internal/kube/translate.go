@@ -125,6 +125,9 @@ func (t *Translator) Config(ctx context.Context) (*config.Operator, error) {
 		if d := ip.Spec.Metrics.Timeout; d != nil {
 			p.Metrics.Timeout = config.Duration(d.Duration)
 		}
+		if d := ip.Spec.Metrics.RefreshInterval; d != nil {
+			p.Metrics.RefreshInterval = config.Duration(d.Duration)
+		}
 		if d := ip.Spec.Metrics.StaleAfter; d != nil {
 			p.Metrics.StaleAfter = config.Duration(d.Duration)
 		}

@@ -292,7 +292,15 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 		// Nothing new to say: the last batch serves until its TTL ends.
 		return
 	}
-	o.publish(name, rows, now)
+	at := now
+	if err == nil {
+		// A backend that recomputes its gauges every refreshInterval
+		// served values computed, on average, half of it before this
+		// scrape: stamped at the scrape, they would read younger than
+		// they are, and the gateways would not drain them enough.
+		at = now.Add(-p.cfg.Metrics.RefreshInterval.D() / 2)
+	}
+	o.publish(name, rows, at)
 }
 
 // providerTarget returns a provider's scrape target, or nil.

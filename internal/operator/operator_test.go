@@ -426,6 +426,27 @@ func TestBatchMetadata(t *testing.T) {
 	}
 }
 
+// TestRefreshIntervalAgesTheReading: a backend that recomputes its gauges
+// every refreshInterval (the EPP) served, on average, values half of it
+// old, and its reading is stamped so; a backend whose gauges are live is
+// stamped at the scrape.
+func TestRefreshIntervalAgesTheReading(t *testing.T) {
+	b := startSim(t, sim.Options{Kind: sim.KindEPP, Endpoints: 2})
+	live := providerConf("live", "epp", b.URL)
+	refreshed := providerConf("refreshed", "epp", b.URL)
+	refreshed.Metrics.RefreshInterval = config.Duration(4 * time.Second)
+	h := newHarness(t, live, refreshed)
+	h.pass()
+	now := h.clk.Now()
+	ages := map[string]time.Duration{}
+	for _, e := range h.op.SiteStore().Current(now) {
+		ages[e.Target] = now.Sub(e.CollectedAt)
+	}
+	if ages["live"] != 0 || ages["refreshed"] != 2*time.Second {
+		t.Errorf("reading ages at the scrape: %v, want live 0s and refreshed 2s", ages)
+	}
+}
+
 func batchLine(t *testing.T, h *harness) string {
 	t.Helper()
 	for _, e := range h.op.SiteStore().Current(h.clk.Now()) {
@@ -485,6 +506,9 @@ func mustYAML(t *testing.T, c *config.Operator) []byte {
 		}
 		if p.Metrics.StaleAfter > 0 {
 			extra += fmt.Sprintf(", staleAfter: %s", p.Metrics.StaleAfter)
+		}
+		if p.Metrics.RefreshInterval > 0 {
+			extra += fmt.Sprintf(", refreshInterval: %s", p.Metrics.RefreshInterval)
 		}
 		fmt.Fprintf(&b, "  - {name: %s, model: %q, kind: %s, upstream: %q, metrics: {endpoint: %q, timeout: %s%s}}\n",
 			p.Name, p.Model, p.Kind, p.Upstream, p.Metrics.Endpoint, p.Metrics.Timeout, extra)

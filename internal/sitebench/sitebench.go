@@ -90,7 +90,7 @@ type Config struct {
 
 // DefaultTiming: about 1 s a request at the default sizes, a 20,000-token
 // prompt a second of prefill.
-var DefaultTiming = Timing{TTFT: 20 * time.Millisecond, TPOT: 5 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
+var DefaultTiming = Timing{TTFT: 20 * time.Millisecond, TPOT: 5 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond, EPPRefresh: time.Second}
 
 // Result is one cell: a scenario, a router, a run.
 type Result struct {

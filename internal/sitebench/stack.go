@@ -167,7 +167,8 @@ func (st *stack) startSims() error {
 func (st *stack) startSim(s *site) error {
 	p, err := startProc(s.name+" sim", st.bin, "sim", "--kind", "epp", "--listen", s.sim, "--model", Model,
 		"--endpoints", fmt.Sprint(s.endpoints), "--slots", fmt.Sprint(s.perEngine),
-		"--ttft", st.timing.TTFT.String(), "--tpot", st.timing.TPOT.String(), "--prefill-per-token", st.timing.PrefillPerToken.String())
+		"--ttft", st.timing.TTFT.String(), "--tpot", st.timing.TPOT.String(), "--prefill-per-token", st.timing.PrefillPerToken.String(),
+		"--refresh-interval", st.timing.EPPRefresh.String())
 	if err != nil {
 		return err
 	}
@@ -217,8 +218,8 @@ func (st *stack) startOperator(s *site, certs string) error {
 		}
 	}
 	cfg := fmt.Sprintf("site: %s\n%s\nsignals: {listen: %q}\nmetrics: {listen: %q}\nstateDir: %q\npeers:\n%sproviders:\n"+
-		"  - {name: %s-pool, model: %s, kind: epp, upstream: \"http://%s\", metrics: {endpoint: \"http://%s\"}}\n",
-		s.name, tlsBlock(certs, s.name), s.signals, s.opMetrics, filepath.Join(st.dir, "state-"+s.name), peers.String(), s.name, Model, s.sim, s.sim)
+		"  - {name: %s-pool, model: %s, kind: epp, upstream: \"http://%s\", metrics: {endpoint: \"http://%s\", refreshInterval: %s}}\n",
+		s.name, tlsBlock(certs, s.name), s.signals, s.opMetrics, filepath.Join(st.dir, "state-"+s.name), peers.String(), s.name, Model, s.sim, s.sim, st.timing.EPPRefresh)
 	file := filepath.Join(st.dir, s.name+"-operator.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		return err

@@ -44,6 +44,9 @@ const (
 // token.
 type Timing struct {
 	TTFT, TPOT, PrefillPerToken time.Duration
+	// EPPRefresh is how often each site's EPP recomputes its pool gauges
+	// (the sim's --refresh-interval; the real EPP's default is 5 s).
+	EPPRefresh time.Duration
 }
 
 // service is how long r holds a slot under t.
