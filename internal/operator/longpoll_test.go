@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -137,6 +138,36 @@ func TestLongPoll(t *testing.T) {
 
 func containsRow(body, provider string) bool {
 	return strings.Contains(body, `grid_provider="`+provider+`"`)
+}
+
+// TestPeerUpLaterIsReadSoon: when a grid starts, an operator's first polls
+// of a peer not yet up fail; the next come after 250 ms, doubling, not a
+// whole peerPollInterval (10 s here) later, so west is read within a
+// couple of seconds of starting. Before, each gateway knew only its own
+// site for those seconds and sent it every request.
+func TestPeerUpLaterIsReadSoon(t *testing.T) {
+	dir := pki(t, "east", "west")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	westAddr := ln.Addr().String()
+	ln.Close() // west is not up yet
+	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://"+westAddr)
+	cfg := *east.op.cfg.Load()
+	cfg.PeerPollInterval = config.Duration(10 * time.Second)
+	east.op.cfg.Store(&cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { east.op.RunPeers(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 5*time.Second, "east's first poll of west fails", func() bool {
+		return testutil.ToFloat64(east.op.m.peers.polls.WithLabelValues("west", OutcomeRefused)) > 0
+	})
+	west := startSite(t, dir, "west", t.TempDir(), westAddr, nil, "east=https://"+east.addr)
+	putReady(west.op, "west", "p")
+	took := waitFor(t, 4*time.Second, "east reads west once it is up", func() bool { return east.op.PeerStore().Get("west/p") != nil })
+	t.Logf("west read %v after it started (peerPollInterval 10s)", took)
 }
 
 // TestPeerLongPollCarriesAChangeAtOnce: between two operators, east's loop

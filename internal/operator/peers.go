@@ -110,6 +110,13 @@ func (h *pollHealth) observe(outcome string) (warn bool, recovered int) {
 	return warn, 0
 }
 
+// streak is how many polls in a row have failed.
+func (h *pollHealth) streak() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.failed
+}
+
 // peerPoller polls every configured peer.
 type peerPoller struct {
 	o  *Operator
@@ -278,18 +285,30 @@ func (o *Operator) RunPeers(ctx context.Context) {
 }
 
 // loop polls one peer until ctx ends: long polls while the peer gives
-// cursors, plain polls every peerPollInterval otherwise.
+// cursors, plain polls every peerPollInterval otherwise, and after a
+// failed poll sooner (retryGap).
 func (pp *peerPoller) loop(ctx context.Context, ps *peerState) {
 	for ctx.Err() == nil {
 		start := pp.o.clk.Now()
 		gap := pp.o.cfg.Load().PeerPollInterval.D()
 		if pp.pollPeer(ctx, ps, true) {
 			gap = minLongPollGap // the wait was at the peer
+		} else if n := ps.health.streak(); n > 0 {
+			gap = min(gap, retryGap(n))
 		}
 		if sleepCtx(ctx, gap-pp.o.clk.Now().Sub(start)) != nil {
 			return
 		}
 	}
+}
+
+// retryGap is the wait after the nth failed poll in a row: 250 ms, then
+// doubling (the loop caps it at peerPollInterval). When a grid starts,
+// every operator's first polls of the peers that are not up yet fail;
+// waiting a whole interval after them left each gateway, for those
+// seconds, knowing only its own site, and it sent every request there.
+func retryGap(n int) time.Duration {
+	return 250 * time.Millisecond << min(n-1, 8)
 }
 
 // minLongPollGap spaces long polls, so a peer whose rows change many times
