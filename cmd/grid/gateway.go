@@ -98,13 +98,17 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	})
 	for name, srv := range servers {
 		var more []func(context.Context) error
+		var lameDuck func()
 		switch name {
 		case gateway.ClientListener:
+			lameDuck = gw.LameDuck
 			more = append(more, gw.DrainStreams) // streams the server handed off, and its own
 		case gateway.HopListener:
 			more = append(more, gw.InterruptStreams) // the streams it copies, past the deadline
 		}
-		tasks.Go(func() error { return serveUntilDone(runCtx, name.String(), srv, listeners[name], e, *drain, more...) })
+		tasks.Go(func() error {
+			return serveUntilDone(runCtx, name.String(), srv, listeners[name], e, *drain, lameDuck, more...)
+		})
 	}
 	return tasks.Wait()
 }

@@ -137,7 +137,7 @@ func serveOperator(ctx context.Context, cfg *config.Operator, state *operator.St
 		}
 		tasks.Go(func() error { return op.ServeSignals(runCtx, signalsLn, operator.DefaultLimits, drain) })
 	}
-	tasks.Go(func() error { return serveUntilDone(runCtx, "metrics", srv, guarded, e, drain) })
+	tasks.Go(func() error { return serveUntilDone(runCtx, "metrics", srv, guarded, e, drain, nil) })
 	return tasks.Wait()
 }
 

@@ -45,19 +45,27 @@ func runSim(ctx context.Context, args []string, e *env) error {
 	defer cancel()
 	go s.Run(runCtx)
 	e.log.Info("sim serving", "kind", o.Kind, "addr", ln.Addr().String(), "model", o.Model, "endpoints", o.Endpoints, "slots", o.Slots)
-	return serveUntilDone(ctx, "sim", srv, ln, e, 10*time.Second)
+	return serveUntilDone(ctx, "sim", srv, ln, e, 10*time.Second, nil)
 }
 
-// serveUntilDone serves until ctx ends, then drains: new connections are
-// refused, in-flight requests get up to drain to finish, and so does each
-// of more, run after the server's own drain under the same deadline (the
-// gateway's detached streams, which the server does not track).
 // drainGrace is what a server's handlers get, after a drain ran out of
 // time and interrupted their answers, to end them before the connections
 // close (the gateway's streams write their terminal event).
 const drainGrace = time.Second
 
-func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, more ...func(context.Context) error) error {
+// serveUntilDone serves until ctx ends, then drains: new connections are
+// refused, in-flight requests get up to drain to finish, and so does each
+// of more, run after the server's own drain under the same deadline (the
+// gateway's detached streams, which the server does not track).
+//
+// With lameDuck set (the gateway's client listener), the drain begins
+// with it: it stops the listener taking connections (a replacement bound
+// with SO_REUSEPORT takes them) and tells the clients on kept-alive
+// connections to go (each answer then closes its connection); for
+// lameDuckFor the server keeps answering what they send before the idle
+// connections are closed. Closed at once, an idle connection races the
+// request its client is writing on it, which fails.
+func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, lameDuck func(), more ...func(context.Context) error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -68,6 +76,11 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	e.log.Info("draining", "listener", name, "timeout", drain)
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
+	if lameDuck != nil {
+		lameDuck()
+		t := time.NewTimer(min(lameDuckFor, drain))
+		<-t.C
+	}
 	// Every drain runs, even past the deadline: a drain given a context
 	// already done ends what it holds at once, its own way (the gateway's
 	// detached streams with their terminal event).
@@ -90,3 +103,8 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	}
 	return nil
 }
+
+// lameDuckFor is how long a draining client listener keeps answering
+// requests on kept-alive connections, each answer closing its connection,
+// before the idle ones are closed.
+const lameDuckFor = time.Second

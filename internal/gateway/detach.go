@@ -130,7 +130,11 @@ func detach(w http.ResponseWriter, resp *http.Response, set *streamSet, via *rej
 		chunkBuffers.Put(buf)
 		return nil
 	}
-	s := &detachedStream{conn: conn, body: resp.Body, ctx: ctx, cancel: cancel, via: via, closeAfter: brw.Reader.Buffered() > 0, buf: buf, pending: n}
+	// The connection closes after the answer when the client pipelined
+	// (the hijack took its next bytes), or when the handler said so
+	// (LameDuck: the head carries its Connection: close).
+	told := w.Header().Get("Connection") == "close"
+	s := &detachedStream{conn: conn, body: resp.Body, ctx: ctx, cancel: cancel, via: via, closeAfter: brw.Reader.Buffered() > 0 || told, buf: buf, pending: n}
 	resp.Header.Del("Content-Length")
 	bw := brw.Writer
 	bw.WriteString("HTTP/1.1 200 OK\r\n")
@@ -139,7 +143,7 @@ func detach(w http.ResponseWriter, resp *http.Response, set *streamSet, via *rej
 	if w.Header().Get("Date") == "" && resp.Header.Get("Date") == "" {
 		bw.WriteString("Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n")
 	}
-	if s.closeAfter {
+	if s.closeAfter && !told {
 		bw.WriteString("Connection: close\r\n")
 	}
 	bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
@@ -425,8 +429,9 @@ type rejoinListener struct {
 	once     sync.Once
 	closed   chan struct{}
 
-	mu       sync.Mutex
-	isClosed bool // under mu: nothing is sent on back after it is set
+	mu          sync.Mutex
+	isClosed    bool // under mu: nothing is sent on back after it is set
+	innerClosed bool // under mu: the listener under this one is closed
 }
 
 type acceptResult struct {
@@ -458,6 +463,11 @@ func (l *rejoinListener) Accept() (net.Conn, error) {
 func (l *rejoinListener) acceptLoop() {
 	for {
 		c, err := l.Listener.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			// No new connection comes (stopAccepting, or Close): Accept
+			// goes on yielding the ones coming back until Close.
+			return
+		}
 		select {
 		case l.accepted <- acceptResult{c, err}:
 		case <-l.closed:
@@ -466,9 +476,19 @@ func (l *rejoinListener) acceptLoop() {
 			}
 			return
 		}
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
+	}
+}
+
+// stopAccepting closes the listener under this one: no new connection
+// comes, while the ones detached streams hand back are still served, and
+// a connection already accepted is served rather than closed (its client
+// may have written a request on it). Any goroutine.
+func (l *rejoinListener) stopAccepting() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.innerClosed {
+		l.innerClosed = true
+		l.Listener.Close()
 	}
 }
 
@@ -496,6 +516,8 @@ func (l *rejoinListener) Close() error {
 		return nil
 	}
 	l.isClosed = true
+	innerClosed := l.innerClosed
+	l.innerClosed = true
 	l.mu.Unlock()
 	close(l.closed)
 	for {
@@ -503,6 +525,9 @@ func (l *rejoinListener) Close() error {
 		case c := <-l.back:
 			c.Close()
 		default:
+			if innerClosed {
+				return nil
+			}
 			return l.Listener.Close()
 		}
 	}

@@ -94,6 +94,9 @@ type Gateway struct {
 	// with the terminal event. interrupt ends it; any goroutine.
 	stopping  context.Context
 	interrupt context.CancelCauseFunc
+	// closingConns is set by LameDuck: every answer on the client
+	// listener closes its connection. Any goroutine.
+	closingConns atomic.Bool
 	// wake asks the poll loop to poll (a request after an idle spell);
 	// ejected asks it for a rebuild after a passive-health ejection; first
 	// is closed after the first successful poll (firstOnce).

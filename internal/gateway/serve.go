@@ -46,8 +46,32 @@ func stripInternal(h http.Header) {
 }
 
 // ClientHandler serves the OpenAI API to clients: every site's candidates
-// are routed among.
-func (g *Gateway) ClientHandler() http.Handler { return g.apiMux() }
+// are routed among. Once LameDuck was called, every answer closes
+// its connection.
+func (g *Gateway) ClientHandler() http.Handler {
+	api := g.apiMux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.closingConns.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		api.ServeHTTP(w, r)
+	})
+}
+
+// LameDuck begins a drain of the client listener: it stops accepting
+// connections (its socket closes; a replacement gateway bound with
+// SO_REUSEPORT takes the new ones) and every later answer closes its
+// connection (Connection: close), detached streams' too, so that clients
+// sending on kept-alive connections are told to go. A drain calls it a
+// moment before the server closes the idle connections: closed at once,
+// an idle connection races the request its client is writing on it. Any
+// goroutine.
+func (g *Gateway) LameDuck() {
+	g.closingConns.Store(true)
+	if rj := g.rejoin.Load(); rj != nil {
+		rj.stopAccepting()
+	}
+}
 
 // HopHandler serves requests forwarded by peer gateways, on the mTLS hop
 // listener: the caller must verify as one of this site's peers, and the
