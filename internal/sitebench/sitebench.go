@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -108,6 +109,11 @@ type Result struct {
 	// (errorKind); ErrorSample is the first few errors, for the log.
 	ErrorKinds  map[string]int
 	ErrorSample []string
+	// CPUBusy is the share of the machine's CPU time busy while the load
+	// ran (from /proc/stat; -1 where it cannot be read). Near 1, the sims'
+	// timings stretch with the contention and the cell measures it, not
+	// only the routing.
+	CPUBusy float64
 }
 
 // errorKind is the class of what a failed request's client saw: a stream
@@ -149,8 +155,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, fmt.Errorf("%s, %s, run %d: %w", sc, router.Name, run+1, err)
 				}
 				if cfg.Log != nil {
-					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors %v, ttft p50 %v p99 %v, e2e mean %v p99 %v\n", sc, router.Name, run+1,
-						res.Requests, res.Errors, res.ErrorKinds, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99)
+					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors %v, ttft p50 %v p99 %v, e2e mean %v p99 %v, cpu busy %.0f%%\n", sc, router.Name, run+1,
+						res.Requests, res.Errors, res.ErrorKinds, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99, 100*res.CPUBusy)
 					for _, e := range res.ErrorSample {
 						fmt.Fprintf(cfg.Log, "  error: %s\n", e)
 					}
@@ -202,10 +208,12 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	// refused: it is sent again, as a load balancer would send it to a
 	// replica that is up, and its latency counts from its arrival.
 	gen.retryRefused = sc == ColdStart || sc == RestartAll
+	var busy cpuMeter
 	certs := dir + "/certs"
 	if sc == ColdStart {
 		// The load starts with the routers: the first requests find
 		// processes still starting, as after a deploy.
+		busy, _ = readCPU()
 		loadDone := gen.start(ctx, w)
 		if err := startRouters(); err != nil {
 			return Result{}, err
@@ -218,6 +226,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		if err := gen.waitRouted(ctx, Model, 30*time.Second); err != nil {
 			return Result{}, err
 		}
+		busy, _ = readCPU()
 		loadDone := gen.start(ctx, w)
 		biggest := sites[0]
 		for _, s := range sites {
@@ -266,7 +275,45 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			return Result{}, fmt.Errorf("the scenario's event: %w", eventErr)
 		}
 	}
-	return summarise(sc, router.Name, run, gen.outcomes(), warmup), nil
+	res := summarise(sc, router.Name, run, gen.outcomes(), warmup)
+	res.CPUBusy = busy.since()
+	return res, nil
+}
+
+// cpuMeter reads the machine's busy share of CPU time between two
+// readings of /proc/stat.
+type cpuMeter struct{ busy, total uint64 }
+
+func readCPU() (m cpuMeter, ok bool) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return m, false
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return m, false
+	}
+	for i, v := range f[1:] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return m, false
+		}
+		m.total += n
+		if i != 3 && i != 4 { // idle and iowait
+			m.busy += n
+		}
+	}
+	return m, true
+}
+
+// since is the busy share since m was read; -1 when unreadable.
+func (m cpuMeter) since() float64 {
+	now, ok := readCPU()
+	if !ok || m.total == 0 || now.total <= m.total {
+		return -1
+	}
+	return float64(now.busy-m.busy) / float64(now.total-m.total)
 }
 
 // summarise measures the requests that arrived from warmup on.

@@ -113,3 +113,17 @@ func TestErrorKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUMeterReadsTheMachine: busy time over a spin of this process is a
+// share in (0, 1].
+func TestCPUMeterReadsTheMachine(t *testing.T) {
+	m, ok := readCPU()
+	if !ok {
+		t.Skip("no /proc/stat")
+	}
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); {
+	}
+	if b := m.since(); b <= 0 || b > 1 {
+		t.Errorf("busy share over a spin: %v, want in (0, 1]", b)
+	}
+}
