@@ -94,6 +94,8 @@ type Gateway struct {
 	// with the terminal event. interrupt ends it; any goroutine.
 	stopping  context.Context
 	interrupt context.CancelCauseFunc
+	// costs observe requests' estimated sizes (cost.go); set in New.
+	costs costObservers
 	// closingConns is set by LameDuck: every answer on the client
 	// listener closes its connection. Any goroutine.
 	closingConns atomic.Bool
@@ -190,6 +192,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		first:    make(chan struct{}),
 		ejected:  make(chan struct{}, 1),
 		rep:      newReporter(),
+		costs:    costObservers{prompt: m.requestTokens.WithLabelValues("prompt"), maxOutput: m.requestTokens.WithLabelValues("max_output")},
 		picks:    picks{n: map[string]uint64{}},
 		hist:     newHistory(),
 		streams:  newStreamSet(),

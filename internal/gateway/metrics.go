@@ -38,6 +38,7 @@ type metrics struct {
 	hopRefused        *prometheus.CounterVec
 	readingAge        *prometheus.HistogramVec
 	bodyBudgetRefused prometheus.Counter
+	requestTokens     *prometheus.HistogramVec
 	affinity          *prometheus.CounterVec
 	prefixAffinity    *prometheus.CounterVec
 
@@ -66,6 +67,9 @@ func newMetrics() *metrics {
 		feedbackFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_signals_feedback_failures_total", Help: "Failed deliveries of rejection reports to the operator, by reason: timeout, transport, status, acknowledgment."}, []string{"reason"}),
 		connsShed:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_connections_shed_total", Help: "Connections closed at accept for a limit, by listener (client, hop, metrics) and limit (total, source)."}, []string{"listener", "limit"}),
 		ejections:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_upstream_ejections_total", Help: "Upstreams taken out of routing for a while by passive health: nothing reached the upstream or came back (refused), or five failed answers in a row (5xx)."}, []string{"reason"}),
+		requestTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_tokens",
+			Help:    "Requests' estimated size in tokens, by part: prompt (token IDs counted, text by its bytes over four) and max_output (the request's own limit, when it sets one).",
+			Buckets: prometheus.ExponentialBuckets(16, 2, 14)}, []string{"part"}),
 		bodyBudgetRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_body_budget_refused_total",
 			Help: "Requests refused (503 body_budget) because the request bodies held in memory reached limits.bodyBytes."}),
 		readingAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_reading_age_seconds",
@@ -115,7 +119,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.affinity, m.prefixAffinity)
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.readingAge,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.requestTokens, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

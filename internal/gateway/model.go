@@ -36,6 +36,8 @@ type requestHead struct {
 	// stream: the body asks for a stream ("stream": true), the only
 	// answers that may be detached (detach.go).
 	stream bool
+	// cost is the request's estimated size (cost.go).
+	cost requestCost
 }
 
 // parseRequest reads a request body's model (as ModelOf) and, in the same
@@ -50,10 +52,20 @@ func parseRequest(body []byte) (head requestHead, err error) {
 	}
 	i++
 	found := false
+	// limits are the output limits in the order they win: OpenAI's
+	// max_completion_tokens supersedes max_tokens; the Responses API
+	// names it max_output_tokens.
+	var limits [3]int
 	for {
 		i = skipSpace(body, i)
 		switch body[i] {
 		case '}':
+			for _, l := range limits {
+				if l > 0 {
+					head.cost.maxOutput = l
+					break
+				}
+			}
 			if !found || head.model == "" {
 				return head, errNoModel // the model may come from a header
 			}
@@ -79,8 +91,15 @@ func parseRequest(body []byte) (head requestHead, err error) {
 			}
 		case head.prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
 			head.prompt = promptHead(body[i:valueEnd])
+			head.cost.prompt = promptTokens(body[i:valueEnd])
 		case string(key) == `"stream"`:
 			head.stream = string(body[i:valueEnd]) == "true"
+		case string(key) == `"max_completion_tokens"`:
+			limits[0] = tokenLimit(body[i:valueEnd])
+		case string(key) == `"max_tokens"`:
+			limits[1] = tokenLimit(body[i:valueEnd])
+		case string(key) == `"max_output_tokens"`:
+			limits[2] = tokenLimit(body[i:valueEnd])
 		}
 		i = valueEnd
 	}

@@ -243,3 +243,37 @@ func TestModelsAnswerWhenFirstSeen(t *testing.T) {
 		t.Errorf("created %d (list) and %d (one), want the first sighting, between %d and %d", list, single, before, after)
 	}
 }
+
+// TestRequestCost: the estimated size of a request of each API shape. A
+// prompt of text weighs its JSON's bytes over four, rounded up; token IDs
+// count one each; the output limit is max_completion_tokens, else
+// max_tokens, else max_output_tokens, and only a non-negative integer.
+func TestRequestCost(t *testing.T) {
+	chat := `[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello in French."}]` // 95 bytes
+	for _, tc := range []struct {
+		name, body        string
+		prompt, maxOutput int
+	}{
+		{"chat", `{"model":"m","messages":` + chat + `,"max_tokens":64}`, 24, 64},
+		{"chat, max_completion_tokens wins", `{"model":"m","max_tokens":64,"messages":` + chat + `,"max_completion_tokens":32}`, 24, 32},
+		{"completion, text", `{"model":"m","prompt":"Once upon a time","max_tokens":16}`, 5, 16},
+		{"completion, token IDs", `{"model":"m","prompt":[101, 2023, 2003, 1037, 3231, 102]}`, 6, 0},
+		{"completion, a batch of token IDs", `{"model":"m","prompt":[[1,2,3],[4,5]],"max_tokens":8}`, 5, 8},
+		{"completion, a batch of texts", `{"model":"m","prompt":["ab","cd"]}`, 3, 0},
+		{"embedding", `{"model":"m","input":"The food was delicious."}`, 7, 0},
+		{"responses", `{"model":"m","input":[{"role":"user","content":"hi"}],"max_output_tokens":100}`, 8, 100},
+		{"numbers that are not IDs are text", `{"model":"m","prompt":[1.5,2]}`, 2, 0},
+		{"a limit that is not a count", `{"model":"m","prompt":"x","max_tokens":-5,"max_output_tokens":"9"}`, 1, 0},
+		{"a limit of zero gives way", `{"model":"m","prompt":"x","max_completion_tokens":0,"max_tokens":7}`, 1, 7},
+		{"no prompt", `{"model":"m"}`, 0, 0},
+		{"IDs nested deeper than a batch are text", `{"model":"m","prompt":[[[1]]]}`, 2, 0},
+	} {
+		head, err := parseRequest([]byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if head.cost != (requestCost{prompt: tc.prompt, maxOutput: tc.maxOutput}) {
+			t.Errorf("%s: cost %+v, want prompt %d, max output %d", tc.name, head.cost, tc.prompt, tc.maxOutput)
+		}
+	}
+}

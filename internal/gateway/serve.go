@@ -288,6 +288,9 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.out = outbound{body: body, held: held, stream: head.stream}
+	if x.peer == nil { // a hop request was counted at its entry gateway
+		g.countCost(head.cost)
+	}
 	if x.model = r.Header.Get(headerModel); x.model == "" {
 		x.model = head.model
 	}
