@@ -23,17 +23,8 @@ func TestDrainPastItsDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	gridCerts(t, certs, "east")
-	engine, signals := freePort(t), freePort(t)
 	// 2,000 tokens at 10 ms: 20 s per answer.
-	start(t, "sim", "--kind", "vllm", "--listen", engine, "--slots", "32")
-	op := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nsignals: {listen: %[2]q}\nmetrics: {listen: %[3]q}\nstateDir: %[4]s\nscrapeInterval: 200ms\nproviders:\n  - {name: engine, model: Qwen/Qwen3-8B, kind: vllm, upstream: \"http://%[5]s\", metrics: {endpoint: \"http://%[5]s\"}}\n",
-		certs, signals, freePort(t), filepath.Join(dir, "state"), engine)
-	opFile := filepath.Join(dir, "operator.yaml")
-	os.WriteFile(opFile, []byte(op), 0o600)
-	start(t, "operator", "--config", opFile)
+	dir, certs, signals := startEastEngine(t, "--slots", "32")
 	for _, detach := range []bool{true, false} {
 		t.Run(fmt.Sprintf("detachStreams=%v", detach), func(t *testing.T) {
 			client := freePort(t)
@@ -45,6 +36,25 @@ func TestDrainPastItsDeadline(t *testing.T) {
 			drainPastDeadline(t, client, gateway)
 		})
 	}
+}
+
+// startEastEngine runs site east's vLLM sim (with simArgs) and operator,
+// and returns the test's directory, east's certificates and the
+// operator's signals address, for the gateways a test starts.
+func startEastEngine(t *testing.T, simArgs ...string) (dir, certs, signals string) {
+	t.Helper()
+	dir = t.TempDir()
+	certs = filepath.Join(dir, "certs")
+	gridCerts(t, certs, "east")
+	engine := freePort(t)
+	signals = freePort(t)
+	start(t, append([]string{"sim", "--kind", "vllm", "--listen", engine}, simArgs...)...)
+	op := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nsignals: {listen: %[2]q}\nmetrics: {listen: %[3]q}\nstateDir: %[4]s\nscrapeInterval: 200ms\nproviders:\n  - {name: engine, model: Qwen/Qwen3-8B, kind: vllm, upstream: \"http://%[5]s\", metrics: {endpoint: \"http://%[5]s\"}}\n",
+		certs, signals, freePort(t), filepath.Join(dir, "state"), engine)
+	opFile := filepath.Join(dir, "operator.yaml")
+	os.WriteFile(opFile, []byte(op), 0o600)
+	start(t, "operator", "--config", opFile)
+	return dir, certs, signals
 }
 
 // drainPastDeadline opens 20 streams of 20 s on the gateway at client,
@@ -131,16 +141,7 @@ func TestRestartInPlaceLosesNoRequest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
-	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	gridCerts(t, certs, "east")
-	engine, signals := freePort(t), freePort(t)
-	start(t, "sim", "--kind", "vllm", "--listen", engine, "--slots", "64", "--ttft", "1ms", "--tpot", "1ms")
-	op := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nsignals: {listen: %[2]q}\nmetrics: {listen: %[3]q}\nstateDir: %[4]s\nscrapeInterval: 200ms\nproviders:\n  - {name: engine, model: Qwen/Qwen3-8B, kind: vllm, upstream: \"http://%[5]s\", metrics: {endpoint: \"http://%[5]s\"}}\n",
-		certs, signals, freePort(t), filepath.Join(dir, "state"), engine)
-	opFile := filepath.Join(dir, "operator.yaml")
-	os.WriteFile(opFile, []byte(op), 0o600)
-	start(t, "operator", "--config", opFile)
+	dir, certs, signals := startEastEngine(t, "--slots", "64", "--ttft", "1ms", "--tpot", "1ms")
 	client, hop := freePort(t), freePort(t)
 	gateway := func(n int) (*process, string) {
 		metrics := freePort(t)

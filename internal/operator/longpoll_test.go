@@ -140,6 +140,18 @@ func containsRow(body, provider string) bool {
 	return strings.Contains(body, `grid_provider="`+provider+`"`)
 }
 
+// runPeersEvery runs s's peer loops, with peerPollInterval every, until
+// the test ends.
+func runPeersEvery(t *testing.T, s *site, every time.Duration) {
+	cfg := *s.op.cfg.Load()
+	cfg.PeerPollInterval = config.Duration(every)
+	s.op.cfg.Store(&cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.op.RunPeers(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // TestPeerUpLaterIsReadSoon: when a grid starts, an operator's first polls
 // of a peer not yet up fail; the next come after 250 ms, doubling, not a
 // whole peerPollInterval (10 s here) later, so west is read within a
@@ -154,13 +166,7 @@ func TestPeerUpLaterIsReadSoon(t *testing.T) {
 	westAddr := ln.Addr().String()
 	ln.Close() // west is not up yet
 	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://"+westAddr)
-	cfg := *east.op.cfg.Load()
-	cfg.PeerPollInterval = config.Duration(10 * time.Second)
-	east.op.cfg.Store(&cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { east.op.RunPeers(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runPeersEvery(t, east, 10*time.Second)
 	waitFor(t, 5*time.Second, "east's first poll of west fails", func() bool {
 		return testutil.ToFloat64(east.op.m.peers.polls.WithLabelValues("west", OutcomeRefused)) > 0
 	})
@@ -178,13 +184,7 @@ func TestPeerLongPollCarriesAChangeAtOnce(t *testing.T) {
 	dir := pki(t, "east", "west")
 	west := startSite(t, dir, "west", t.TempDir(), "", nil, "east=https://127.0.0.1:1")
 	east := startSite(t, dir, "east", t.TempDir(), "", nil, "west=https://"+west.addr)
-	cfg := *east.op.cfg.Load()
-	cfg.PeerPollInterval = config.Duration(10 * time.Second)
-	east.op.cfg.Store(&cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { east.op.RunPeers(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runPeersEvery(t, east, 10*time.Second)
 
 	put := func(p string) {
 		putReady(west.op, "west", p)
