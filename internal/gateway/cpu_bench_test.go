@@ -116,16 +116,8 @@ func selfCPU() time.Duration {
 // (from /proc/PID/stat, in clock ticks of 10 ms).
 func nginxCPU() time.Duration {
 	var ticks int64
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, _ := procStatus(e.Name()); pid != nginxPID && ppid != nginxPID {
-			continue
-		}
-		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	for _, pid := range nginxProcs() {
+		raw, err := os.ReadFile("/proc/" + pid + "/stat")
 		if err != nil {
 			continue
 		}

@@ -51,17 +51,28 @@ var nginxPID int
 // nginxRSS sums the resident memory of nginx's master and workers.
 func nginxRSS() int64 {
 	var total int64
+	for _, pid := range nginxProcs() {
+		_, rss := procStatus(pid)
+		total += rss
+	}
+	return total
+}
+
+// nginxProcs lists, as /proc entries, nginx's master (the one startNginx
+// started last) and its workers.
+func nginxProcs() []string {
+	var out []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if ppid, rss := procStatus(e.Name()); pid == nginxPID || ppid == nginxPID {
-			total += rss
+		if ppid, _ := procStatus(e.Name()); pid == nginxPID || ppid == nginxPID {
+			out = append(out, e.Name())
 		}
 	}
-	return total
+	return out
 }
 
 // procStatus reads a process's parent and resident memory from
