@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/signals"
 )
 
@@ -229,22 +230,30 @@ func TestFailedPollStillDeliversBadEvidence(t *testing.T) {
 	}
 }
 
-// TestEveryPollDialsAfresh: each poll of the operator opens its own TLS
-// connection, so the operator's chain and identity are verified against
-// the bundle of the moment every time (docs/protocol.md §4.1), and no
-// connection outlives a rotation of the trust that admitted it.
-func TestEveryPollDialsAfresh(t *testing.T) {
+// TestPollsKeepAConnectionUntilTrustMoves: the polls of the operator
+// share one TLS connection, verified at its handshake (docs/protocol.md
+// §4.1); a renewal of this site's certificate material, or a failed poll,
+// makes the next poll dial and verify afresh.
+func TestPollsKeepAConnectionUntilTrustMoves(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, id := newTestGateway(t, "https://"+ln.Addr().String())
+	dir := t.TempDir()
+	g, id := newTestGatewayIn(t, dir, "https://"+ln.Addr().String())
 	defer g.Close()
 	var conns, requests atomic.Int64
+	var failNext atomic.Bool
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
 		if r.URL.Path == signals.ServingPath {
 			json.NewEncoder(w).Encode(signals.Serving{Site: "east"})
+			return
+		}
+		if failNext.CompareAndSwap(true, false) {
+			// An answer read whole that fails the poll: no Date, so its
+			// rows cannot be aged. The connection itself is sound.
+			w.Header()["Date"] = nil
 			return
 		}
 		w.Header().Set("Date", time.Now().UTC().Format(http.TimeFormat))
@@ -255,14 +264,37 @@ func TestEveryPollDialsAfresh(t *testing.T) {
 	}}
 	go srv.Serve(tls.NewListener(ln, id.ServerTLS()))
 	defer srv.Close()
-	for range 3 {
-		if !g.Poll(context.Background()) {
-			t.Fatal("a poll failed")
+	poll := func(want bool) {
+		t.Helper()
+		if got := g.Poll(context.Background()); got != want {
+			t.Fatalf("poll succeeded: %v, want %v", got, want)
 		}
 	}
+	for range 3 {
+		poll(true)
+	}
 	// Each poll reads the relay and the serving document and sends its
-	// report: a connection for each.
-	if n, r := conns.Load(), requests.Load(); n != r || r < 6 {
-		t.Errorf("3 polls sent %d requests on %d connections, want a connection a request", r, n)
+	// report.
+	if n, r := conns.Load(), requests.Load(); n != 1 || r < 6 {
+		t.Fatalf("3 polls sent %d requests on %d connections, want one connection", r, n)
+	}
+
+	if err := identity.Issue(dir, "east", nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := id.Reload(); err != nil || !changed {
+		t.Fatalf("reload of the renewed certificate: %v, %v", changed, err)
+	}
+	poll(true)
+	poll(true)
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("after a renewal the polls used %d connections in all, want 2: the one made under the old material is not reused", n)
+	}
+
+	failNext.Store(true)
+	poll(false)
+	poll(true)
+	if n := conns.Load(); n != 3 {
+		t.Errorf("after a failed poll the polls used %d connections in all, want 3: the next poll dials afresh", n)
 	}
 }

@@ -138,6 +138,10 @@ type Gateway struct {
 	// swapped whole so requests read it without a lock.
 	modelsSeen atomic.Pointer[map[string]int64]
 
+	// opGen is the identity generation the kept operator connection was
+	// made under; only the goroutine running Poll touches it.
+	opGen uint64
+
 	// The poll loop's WARN state, guarded by warnMu.
 	warnMu       sync.Mutex
 	failing      int // polls failed in a row
@@ -184,10 +188,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 		store:    loadstore.New(storeWindow),
 		service:  service,
 		builder:  route.NewBuilder(policy),
-		// Every poll dials afresh, so the operator's chain and identity are
-		// verified against the current bundle each time (docs/protocol.md
-		// §4.1): a connection never outlives the trust that admitted it.
-		opClient: &http.Client{Transport: &http.Transport{TLSClientConfig: opTLS, DisableKeepAlives: true, ForceAttemptHTTP2: false}},
+		opClient: newOperatorClient(opTLS),
 		wake:     make(chan struct{}, 1),
 		first:    make(chan struct{}),
 		ejected:  make(chan struct{}, 1),
@@ -335,6 +336,39 @@ func (g *Gateway) Run(ctx context.Context) {
 	}
 }
 
+// newOperatorClient is the client of the gateway's polls of its operator.
+// It keeps one connection, verified at its handshake, and reuses it poll
+// after poll, as a peer poll does (docs/protocol.md §4.1): the operator's
+// listener closes it after 300 s, a change of this site's certificate
+// material or a failed poll drops it (dropConnOnNewTrust, Poll), so no
+// connection outlives the trust that admitted it by more than that. A
+// handshake per poll cost a quarter of a near-idle gateway's CPU, and as
+// much again at the operator, because long polls return at every change
+// of the board.
+func newOperatorClient(conf *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		TLSClientConfig:     conf,
+		MaxIdleConnsPerHost: 1,
+		// Below the operator's keep-alive limit (its HeaderRead, 10 s), so
+		// a gateway that went idle redials rather than finding its
+		// connection closed under a request.
+		IdleConnTimeout:     5 * time.Second,
+		TLSHandshakeTimeout: pollTimeout,
+		ForceAttemptHTTP2:   false,
+	}}
+}
+
+// dropConnOnNewTrust closes the kept operator connection when this site's
+// certificate material changed since it was made: it was verified under
+// trust that may be gone. Only the goroutine running Poll calls it.
+func (g *Gateway) dropConnOnNewTrust() {
+	if gen := g.id.Generation(); gen != g.opGen {
+		g.opClient.CloseIdleConnections()
+		g.opGen = gen
+	}
+}
+
 // minPollGap spaces long polls.
 const minPollGap = 200 * time.Millisecond
 
@@ -364,6 +398,7 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 // readings age and learned state decays.
 func (g *Gateway) Poll(ctx context.Context) (ok bool) {
 	cfg := g.cfg.Load()
+	g.dropConnOnNewTrust()
 	base := strings.TrimRight(cfg.Operator.Signals, "/")
 	firstURL, timeout := base+signals.SignalsPath, pollTimeout
 	if c := g.cursor.Load(); c != nil {
@@ -411,6 +446,9 @@ func (g *Gateway) Poll(ctx context.Context) (ok bool) {
 	}
 	if err != nil {
 		g.cursor.Store(nil) // the next read is a plain one
+		// The next poll verifies the operator afresh: a connection that
+		// failed is not trusted to be the one that was verified.
+		g.opClient.CloseIdleConnections()
 		g.pollFailed(err)
 		// Skew seen in the pages read is evidence; silence is not.
 		if skew > 0 {
