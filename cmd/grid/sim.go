@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/grid-inference/grid/internal/gateway"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -48,11 +49,6 @@ func runSim(ctx context.Context, args []string, e *env) error {
 	return serveUntilDone(ctx, "sim", srv, ln, e, 10*time.Second, nil)
 }
 
-// drainGrace is what a server's handlers get, after a drain ran out of
-// time and interrupted their answers, to end them before the connections
-// close (the gateway's streams write their terminal event).
-const drainGrace = time.Second
-
 // serveUntilDone serves until ctx ends, then drains: new connections are
 // refused, in-flight requests get up to drain to finish, and so does each
 // of more, run after the server's own drain under the same deadline (the
@@ -90,9 +86,10 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	}
 	if err != nil {
 		// The drains past their deadline interrupted what they hold; the
-		// handlers get a moment to end their answers before the
-		// connections close.
-		gctx, gcancel := context.WithTimeout(context.Background(), drainGrace)
+		// handlers get the gateway's grace to end their answers (its
+		// streams write their terminal event) before the connections
+		// close.
+		gctx, gcancel := context.WithTimeout(context.Background(), gateway.DrainGrace)
 		srv.Shutdown(gctx)
 		gcancel()
 		srv.Close()

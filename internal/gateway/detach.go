@@ -99,10 +99,11 @@ type detachedStream struct {
 	drainedBy atomic.Int64
 }
 
-// drainGrace is how long a stream cut by a drain past its deadline has to
+// DrainGrace is how long a stream cut by a drain past its deadline has to
 // take its terminal event: a client that takes nothing for that long is
-// closed without it.
-const drainGrace = time.Second
+// closed without it. The server a drain ran out of time on waits as long
+// before it closes the connections (cmd/grid).
+const DrainGrace = time.Second
 
 // detach waits for the first bytes of resp's body, then takes w's
 // connection from the server (counted in set as detaching: the caller must
@@ -296,10 +297,10 @@ func (s *detachedStream) cut() {
 
 // cutForDrain ends the stream for a drain that ran out of time: the
 // upstream request is cancelled, so run's read returns, and run writes
-// the terminal event within drainGrace; a write to a stalled client
+// the terminal event within DrainGrace; a write to a stalled client
 // fails by then.
 func (s *detachedStream) cutForDrain() {
-	by := time.Now().Add(drainGrace)
+	by := time.Now().Add(DrainGrace)
 	s.drainedBy.Store(by.UnixNano())
 	s.conn.SetWriteDeadline(by)
 	s.cancel()
