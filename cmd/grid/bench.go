@@ -186,11 +186,12 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	seed := fs.Uint64("seed", 7, "the workload's seed (run n adds n)")
 	format := fs.String("format", "text", "text (a table per scenario) or tsv (a line per scenario, router and run)")
 	eppRefresh := fs.Duration("epp-refresh", sitebench.DefaultTiming.EPPRefresh, "how often each site's EPP recomputes its pool gauges (the real EPP's default is 5s)")
+	tpot := fs.Duration("tpot", sitebench.DefaultTiming.TPOT, "the sims' time per output token; the arrival rate follows, so a longer one sends fewer requests and tokens a second at the same load")
 	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	timing := sitebench.DefaultTiming
-	timing.EPPRefresh = *eppRefresh
+	timing.EPPRefresh, timing.TPOT = *eppRefresh, *tpot
 	cfg := sitebench.Config{Replicas: *replicas, Load: *load, Arrivals: sitebench.Arrivals(*arrivals), Warmup: *warmup, Duration: *duration,
 		Runs: *runs, Seed: *seed, Timing: timing, Log: e.stderr}
 	bad := func(flag string, err error) error {
@@ -224,6 +225,8 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 		return bad("replicas", errors.New("below 1"))
 	case !(*load > 0 && *load < 2):
 		return bad("load", fmt.Errorf("%v: want a load in (0, 2)", *load))
+	case *tpot <= 0:
+		return bad("tpot", fmt.Errorf("%v: want a positive duration", *tpot))
 	case *format != "text" && *format != "tsv":
 		return bad("format", fmt.Errorf("%q: want text or tsv", *format))
 	}

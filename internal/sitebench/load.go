@@ -20,9 +20,11 @@ import (
 // own, and records what its client saw.
 type generator struct {
 	entries []string
-	// siteOf names the site behind a sim's address (nginx's X-Upstream).
-	siteOf map[string]string
-	client *http.Client
+	// siteOf names the site behind a sim's address (nginx's X-Upstream),
+	// a wide-area link to one included; entrySite the site of each entry
+	// point.
+	siteOf, entrySite map[string]string
+	client            *http.Client
 	// retryRefused: a request whose connection is refused is sent again
 	// until the entry point listens (the cold start: processes still
 	// starting), its latency counted from its arrival.
@@ -38,14 +40,23 @@ type generator struct {
 type outcome struct {
 	at        time.Duration // its arrival in the workload
 	ttft, e2e time.Duration
-	site      string
-	err       string // "" when it streamed whole
+	// site served it; entrySite is the site whose entry point took it.
+	site, entrySite string
+	err             string // "" when it streamed whole
 }
 
-func newGenerator(entries []string, sites []*site) *generator {
-	g := &generator{entries: entries, siteOf: map[string]string{}}
+// newGenerator sends to entries, the entry points of sites; links names
+// the site behind each wide-area link's address.
+func newGenerator(entries []string, sites []*site, links map[string]string) *generator {
+	g := &generator{entries: entries, siteOf: map[string]string{}, entrySite: map[string]string{}}
 	for _, s := range sites {
 		g.siteOf[s.sim] = s.name
+		for _, e := range s.replicas {
+			g.entrySite[e] = s.name
+		}
+	}
+	for addr, name := range links {
+		g.siteOf[addr] = name
 	}
 	g.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0, DisableCompression: true,
 		IdleConnTimeout: 30 * time.Second}}
@@ -106,7 +117,7 @@ func body(r Request) []byte {
 
 // send sends one request and reads its stream to the end.
 func (g *generator) send(ctx context.Context, r Request, arrived time.Time) outcome {
-	o := outcome{at: r.At}
+	o := outcome{at: r.At, entrySite: g.entrySite[g.entries[r.Entry]]}
 	payload := body(r)
 	url := "http://" + g.entries[r.Entry] + "/v1/chat/completions"
 	var resp *http.Response

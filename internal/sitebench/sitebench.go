@@ -38,8 +38,9 @@ type Router struct {
 	// Grid routers only.
 	Policy string
 	// Nginx selects nginx instead of Grid; LeastConn its least_conn
-	// balancing instead of weighted round robin.
-	Nginx, LeastConn bool
+	// balancing instead of weighted round robin; LocalOnly gives each
+	// instance its own site's engines alone (what staying local costs).
+	Nginx, LeastConn, LocalOnly bool
 }
 
 // Routers are the routers --routers names.
@@ -48,6 +49,7 @@ var Routers = []Router{
 	{Name: "grid:reference", Policy: "reference"},
 	{Name: "nginx-wrr", Nginx: true},
 	{Name: "nginx-least-conn", Nginx: true, LeastConn: true},
+	{Name: "nginx-local", Nginx: true, LocalOnly: true},
 }
 
 // Scenario is what happens during a cell.
@@ -61,11 +63,12 @@ const (
 	SiteFailure   Scenario = "site-failure"
 	RestartAll    Scenario = "restart"
 	ColdStart     Scenario = "cold-start"
+	WAN           Scenario = "wan"
 	baselineRoute          = "nginx-wrr"
 )
 
 // Scenarios lists every scenario, in the order the tables print them.
-var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart}
+var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart, WAN}
 
 // Config is one benchmark.
 type Config struct {
@@ -103,8 +106,10 @@ type Result struct {
 	// TTFT and E2E are the measured requests' time to first token and to
 	// the end, of those that succeeded.
 	TTFTP50, TTFTP99, E2EMean, E2EP99 time.Duration
-	// Share is each site's part of the measured requests.
+	// Share is each site's part of the measured requests; Local the part
+	// served by the site whose entry point took them.
 	Share map[string]float64
+	Local float64
 	// ErrorKinds counts the failed requests by what their client saw
 	// (errorKind); ErrorSample is the first few errors, for the log.
 	ErrorKinds  map[string]int
@@ -203,7 +208,12 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		}
 		return st.startGrid()
 	}
-	gen := newGenerator(entries, sites)
+	if sc == WAN {
+		if err := st.startLinks(); err != nil {
+			return Result{}, err
+		}
+	}
+	gen := newGenerator(entries, sites, st.linkSites())
 	// While routers start or restart, a client's connection may be
 	// refused: it is sent again, as a load balancer would send it to a
 	// replica that is up, and its latency counts from its arrival.
@@ -243,7 +253,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 				// Clients of the biggest site send it half its capacity
 				// directly, for a third of the run.
 				ext := NewWorkload(seed^0xE7, third, 0.5, biggest.slots, 1, Poisson, cfg.Timing)
-				direct := newGenerator([]string{biggest.sim}, sites)
+				direct := newGenerator([]string{biggest.sim}, sites, nil)
 				direct.unmeasured = true
 				<-direct.start(ctx, ext)
 			}
@@ -338,6 +348,9 @@ func summarise(sc Scenario, router string, run int, all []outcome, warmup time.D
 		e2e = append(e2e, o.e2e)
 		sum += o.e2e
 		res.Share[o.site]++
+		if o.site == o.entrySite {
+			res.Local++
+		}
 	}
 	if n := len(e2e); n > 0 {
 		slices.Sort(ttft)
@@ -347,6 +360,7 @@ func summarise(sc Scenario, router string, run int, all []outcome, warmup time.D
 		for s := range res.Share {
 			res.Share[s] /= float64(n)
 		}
+		res.Local /= float64(n)
 	}
 	return res
 }
@@ -414,10 +428,12 @@ func cellMeans(results []Result, sc Scenario, router string) means {
 	var m means
 	var t50, t99, em, e99 []float64
 	share := map[string]float64{}
+	local := 0.0
 	for _, r := range results {
 		if r.Scenario != sc || r.Router != router {
 			continue
 		}
+		local += r.Local
 		m.n++
 		m.requests += float64(r.Requests)
 		m.errors += float64(r.Errors)
@@ -442,6 +458,7 @@ func cellMeans(results []Result, sc Scenario, router string) means {
 	for _, s := range names {
 		parts = append(parts, fmt.Sprintf("%s %.0f%%", s, 100*share[s]/float64(m.n)))
 	}
+	parts = append(parts, fmt.Sprintf("local %.0f%%", 100*local/float64(m.n)))
 	m.share = strings.Join(parts, " ")
 	return m
 }

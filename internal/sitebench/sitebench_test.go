@@ -76,17 +76,60 @@ func TestBurstyArrivalsComeInBursts(t *testing.T) {
 // TestNginxConfigWeighsBySlots: nginx gets every site's engines, weighted
 // by slots, SSE unbuffered, bodies in memory, its entry address shared
 // with a replacement (reuseport) beside one of its own, and least_conn
-// only when asked.
+// only when asked; a local-only instance gets its own site's engines
+// alone.
 func TestNginxConfigWeighsBySlots(t *testing.T) {
-	sites := []*site{{name: "s0", slots: 8, sim: "127.0.0.1:1"}, {name: "s1", slots: 32, sim: "127.0.0.1:2"}}
-	c := nginxConfig(sites, "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", false)
+	st := &stack{sites: []*site{{name: "s0", slots: 8, sim: "127.0.0.1:1"}, {name: "s1", slots: 32, sim: "127.0.0.1:2"}}}
+	c := nginxConfig(st.nginxUpstreams(st.sites[0]), "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", false)
 	for _, want := range []string{"server 127.0.0.1:1 weight=8;", "server 127.0.0.1:2 weight=32;", "listen 127.0.0.1:3 reuseport;", "listen 127.0.0.1:4;", "proxy_buffering off;", "client_body_buffer_size 4m;", "add_header X-Upstream $upstream_addr"} {
 		if !strings.Contains(c, want) {
 			t.Errorf("config lacks %q:\n%s", want, c)
 		}
 	}
-	if strings.Contains(c, "least_conn") || !strings.Contains(nginxConfig(sites, "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", true), "least_conn;") {
+	if strings.Contains(c, "least_conn") || !strings.Contains(nginxConfig(st.nginxUpstreams(st.sites[0]), "127.0.0.1:3", "127.0.0.1:4", "/tmp/x", true), "least_conn;") {
 		t.Error("least_conn where not asked, or missing where asked")
+	}
+	st.router.LocalOnly = true
+	if got := st.nginxUpstreams(st.sites[1]); len(got) != 1 || got[0] != (upstream{"127.0.0.1:2", 32}) {
+		t.Errorf("local-only upstreams of s1: %v, want s1's sim alone", got)
+	}
+}
+
+// TestWANLinks: every way between two sites crosses a delaying proxy,
+// the delays spread over 30-80 ms by pair, the same both ways; a site
+// reaches its own addresses directly, and the generator can tell which
+// site a link leads to.
+func TestWANLinks(t *testing.T) {
+	if got := []time.Duration{wanDelay(0, 1, 3), wanDelay(0, 2, 3), wanDelay(1, 2, 3)}; got[0] != 30*time.Millisecond || got[1] != 55*time.Millisecond || got[2] != 80*time.Millisecond {
+		t.Errorf("delays of three sites %v, want 30, 55, 80 ms", got)
+	}
+	sites, err := newSites([]int{8, 16, 32}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &stack{sites: sites}
+	defer st.close()
+	if err := st.startLinks(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := sites[0], sites[2]
+	if st.reach(a, a, a.sim) != a.sim {
+		t.Error("a site reaches its own sim through a link")
+	}
+	via := st.reach(a, b, b.sim)
+	if via == b.sim || st.reach(b, a, a.sim) == a.sim || st.reach(a, b, b.hops[0]) == b.hops[0] || st.reach(a, b, b.signals) == b.signals {
+		t.Error("a way between two sites does not cross a link")
+	}
+	if st.links[link{a.name, b.name, b.sim}].Addr() != via {
+		t.Error("reach and the link disagree")
+	}
+	if name := st.linkSites()[via]; name != b.name {
+		t.Errorf("the link to %s's sim leads to %q", b.name, name)
+	}
+	for _, u := range st.nginxUpstreams(a) {
+		if u.weight != a.slots && u.addr == st.sites[1].sim {
+			t.Errorf("nginx at %s reaches s1's sim directly", a.name)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/grid-inference/grid/internal/faultproxy"
 	"github.com/grid-inference/grid/internal/identity"
 )
 
@@ -118,13 +119,81 @@ type site struct {
 	gws       []*proc
 }
 
-// stack is every process of one cell.
+// stack is every process of one cell, and the wide-area links between
+// its sites (the wan scenario; none otherwise). Only the cell's goroutine
+// touches it, but for restarts, which touch one replica each.
 type stack struct {
 	bin, dir string
 	timing   Timing
 	sites    []*site
 	nginx    []*proc
 	router   Router
+	links    map[link]*faultproxy.Proxy
+}
+
+// link is the way from one site to an address of another: a delaying
+// proxy in front of the address.
+type link struct{ from, to, target string }
+
+// WANDelays are the one-way delays of the wan scenario's links, spread
+// evenly over the pairs of sites in order (s0–s1, s0–s2, …, s1–s2, …): for
+// three sites 30, 55 and 80 ms each way, the same both ways.
+var WANDelays = [2]time.Duration{30 * time.Millisecond, 80 * time.Millisecond}
+
+// wanDelay is the one-way delay between sites i < j of n.
+func wanDelay(i, j, n int) time.Duration {
+	pairs, p := n*(n-1)/2, 0
+	for a := range i {
+		p += n - 1 - a
+	}
+	p += j - i - 1
+	if pairs < 2 {
+		return WANDelays[0]
+	}
+	return WANDelays[0] + (WANDelays[1]-WANDelays[0])*time.Duration(p)/time.Duration(pairs-1)
+}
+
+// startLinks puts a delaying proxy on every way from one site to another
+// site's operator, gateway and engines: what crosses sites crosses the
+// wide area, for Grid (peer polls, the hop) and nginx (its remote
+// upstreams) alike.
+func (st *stack) startLinks() error {
+	st.links = map[link]*faultproxy.Proxy{}
+	for i, a := range st.sites {
+		for j, b := range st.sites {
+			if i == j {
+				continue
+			}
+			d := wanDelay(min(i, j), max(i, j), len(st.sites))
+			for _, target := range []string{b.signals, b.hops[0], b.sim} {
+				p, err := faultproxy.Start(target)
+				if err != nil {
+					return fmt.Errorf("wide-area link %s to %s: %w", a.name, b.name, err)
+				}
+				p.SetDelay(d)
+				st.links[link{a.name, b.name, target}] = p
+			}
+		}
+	}
+	return nil
+}
+
+// reach is the address site from reaches target, an address of site to,
+// at: through their link when there is one.
+func (st *stack) reach(from, to *site, target string) string {
+	if p, ok := st.links[link{from.name, to.name, target}]; ok {
+		return p.Addr()
+	}
+	return target
+}
+
+// linkSites names the site behind each link's address.
+func (st *stack) linkSites() map[string]string {
+	out := map[string]string{}
+	for l, p := range st.links {
+		out[p.Addr()] = l.to
+	}
+	return out
 }
 
 // newSites lays out the sites and their addresses.
@@ -214,7 +283,7 @@ func (st *stack) startOperator(s *site, certs string) error {
 		if o != s {
 			// A peer's gateway is its first replica, as a load balancer's
 			// address would be.
-			fmt.Fprintf(&peers, "  - {site: %s, signals: \"https://%s\", gateway: \"https://%s\"}\n", o.name, o.signals, o.hops[0])
+			fmt.Fprintf(&peers, "  - {site: %s, signals: \"https://%s\", gateway: \"https://%s\"}\n", o.name, st.reach(s, o, o.signals), st.reach(s, o, o.hops[0]))
 		}
 	}
 	cfg := fmt.Sprintf("site: %s\n%s\nsignals: {listen: %q}\nmetrics: {listen: %q}\nstateDir: %q\npeers:\n%sproviders:\n"+
@@ -306,9 +375,28 @@ func (st *stack) restartGateways(certs string) error {
 	return first
 }
 
-// nginxConfig is one nginx instance in front of every site's sim, weighted
-// by slots (weighted round robin), or by least connections.
-func nginxConfig(sites []*site, listen, probe, dir string, leastConn bool) string {
+// upstream is one server of an nginx upstream block.
+type upstream struct {
+	addr   string
+	weight int
+}
+
+// nginxUpstreams are the servers of site s's nginx instances: every
+// site's sim, reached as s reaches it, weighted by slots; only s's own for
+// a local-only router.
+func (st *stack) nginxUpstreams(s *site) []upstream {
+	var out []upstream
+	for _, o := range st.sites {
+		if o == s || !st.router.LocalOnly {
+			out = append(out, upstream{st.reach(s, o, o.sim), o.slots})
+		}
+	}
+	return out
+}
+
+// nginxConfig is one nginx instance in front of servers, weighted (by
+// slots: weighted round robin), or by least connections.
+func nginxConfig(servers []upstream, listen, probe, dir string, leastConn bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "worker_processes 1;\npid %s;\nerror_log %s warn;\ndaemon off;\nevents { worker_connections 8192; }\nhttp {\n", filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "error.log"))
 	// Request bodies (a 20,000-token prompt is 80 KB) are held in memory:
@@ -318,8 +406,8 @@ func nginxConfig(sites []*site, listen, probe, dir string, leastConn bool) strin
 	if leastConn {
 		b.WriteString("    least_conn;\n")
 	}
-	for _, s := range sites {
-		fmt.Fprintf(&b, "    server %s weight=%d;\n", s.sim, s.slots)
+	for _, u := range servers {
+		fmt.Fprintf(&b, "    server %s weight=%d;\n", u.addr, u.weight)
 	}
 	b.WriteString("    keepalive 256;\n  }\n")
 	fmt.Fprintf(&b, "  server {\n    listen %s reuseport;\n    listen %s;\n    location / {\n      proxy_pass http://sims;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 300s;\n      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n", listen, probe)
@@ -353,7 +441,7 @@ func (st *stack) launchNginx(s *site, k int, leastConn bool, generation int) (*p
 		return nil, err
 	}
 	file := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(file, []byte(nginxConfig(st.sites, addr, probe, dir, leastConn)), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(nginxConfig(st.nginxUpstreams(s), addr, probe, dir, leastConn)), 0o644); err != nil {
 		return nil, err
 	}
 	p, err := startProc("nginx "+addr, nginxBinary, "-e", filepath.Join(dir, "error.log"), "-c", file)
@@ -392,8 +480,13 @@ func (st *stack) restartNginx(leastConn bool) error {
 	return errors.Join(errs...)
 }
 
-// close stops every process, gateways and nginx first.
+// close stops every process, gateways and nginx first, then the links.
 func (st *stack) close() {
+	defer func() {
+		for _, p := range st.links {
+			p.Close()
+		}
+	}()
 	for _, p := range st.nginx {
 		p.stop(5 * time.Second)
 	}
