@@ -33,9 +33,12 @@ const (
 	WeightedRandom = "weighted-random"
 	JSQStale       = "jsq-stale"
 	P2CStale       = "p2c-stale"
-	Reference      = "reference"
-	AgeAware       = "age-aware"
-	Oracle         = "oracle"
+	// LeastConn is nginx's least_conn: each gateway's own requests in
+	// flight per site over its slots, exact, and no board at all.
+	LeastConn = "least-conn"
+	Reference = "reference"
+	AgeAware  = "age-aware"
+	Oracle    = "oracle"
 
 	// The variants that add this gateway's own sends since the reading to
 	// what the board says (JSQ, P2C), and the default without them.
@@ -45,7 +48,7 @@ const (
 )
 
 // Policies lists every policy, in table order.
-var Policies = []string{WeightedRR, WeightedRandom, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Oracle}
+var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Oracle}
 
 // Phases is when the readings a gateway sees refresh.
 type Phases string
@@ -181,6 +184,9 @@ type request struct {
 	arrived float64
 	service float64
 	gw      int
+	// sender is the gateway that sent it: after a restart, no longer
+	// gws[gw].
+	sender *gateway
 }
 
 type site struct {
@@ -196,15 +202,18 @@ func (s *site) inSystem() int { return s.running + len(s.queue) }
 // gateway is one gateway's view: its board (for the baseline policies) and
 // the real routing stack (for reference and age-aware).
 type gateway struct {
-	board   []int // in-system counts at the last refresh
-	own     []int // this gateway's sends to each site since that refresh
-	store   *loadstore.Store
-	builder *route.Builder
-	snap    *route.Snapshot
-	cands   []route.Candidate
-	wrr     []float64 // smooth weighted round robin state
-	seq     int64
-	turn    uint64
+	board []int // in-system counts at the last refresh
+	own   []int // this gateway's sends to each site since that refresh
+	// inFlight is this gateway's requests in flight at each site (a
+	// restarted gateway starts at none).
+	inFlight []int
+	store    *loadstore.Store
+	builder  *route.Builder
+	snap     *route.Snapshot
+	cands    []route.Candidate
+	wrr      []float64 // smooth weighted round robin state
+	seq      int64
+	turn     uint64
 	// service is the age unit, learned as the gateway learns it.
 	service *route.Service
 }
@@ -237,7 +246,7 @@ func Run(cfg Config) Result {
 	// newGateway makes a gateway that knows nothing: at the start, and
 	// when it restarts.
 	newGateway := func() *gateway {
-		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
+		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), inFlight: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
 			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
@@ -349,11 +358,12 @@ func Run(cfg Config) Result {
 			demand := service()
 			i := choose(cfg.Policy, gws[k], sites, rng, now)
 			gws[k].own[i]++
+			gws[k].inFlight[i]++
 			if stack {
 				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin()
 			}
 			s := &sites[i]
-			r := request{arrived: now, service: demand * s.slowdown, gw: k}
+			r := request{arrived: now, service: demand * s.slowdown, gw: k, sender: gws[k]}
 			if s.running < s.slots {
 				s.running++
 				push(event{at: now + r.service, kind: departure, site: i, req: r})
@@ -371,6 +381,7 @@ func Run(cfg Config) Result {
 			// Every request streams; its first token comes as its service
 			// starts (no prefill modelled), so the gateway sees the wait
 			// and the service apart.
+			e.req.sender.inFlight[e.site]--
 			g := gws[e.req.gw]
 			wait, served := (d-e.req.service)*unit, e.req.service*unit
 			name := g.cands[e.site].Site
@@ -501,6 +512,8 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 		return best
 	case WeightedRandom:
 		return weighted(sites, rng)
+	case LeastConn:
+		return argmin(len(sites), func(i int) float64 { return float64(g.inFlight[i]) / float64(sites[i].slots) }, rng)
 	case JSQStale, JSQStaleOwn:
 		return argmin(len(sites), func(i int) float64 { return g.seen(policy, i) / float64(sites[i].slots) }, rng)
 	case P2CStale, P2CStaleOwn:

@@ -188,3 +188,19 @@ func TestColdStartAndRestartDoNotHerd(t *testing.T) {
 		}
 	}
 }
+
+// TestLeastConnCountsItsOwnRequests: with one gateway, its own requests
+// in flight are the whole load, so least-conn routes as the oracle does
+// however old the board is, where a policy of the board alone herds.
+func TestLeastConnCountsItsOwnRequests(t *testing.T) {
+	run := func(policy string) Result {
+		return Run(Config{Slots: []int{8, 16, 32}, Load: 0.9, Gateways: 1, BoardAge: 10, Requests: 20_000, Seed: 3, Policy: policy})
+	}
+	lc, or, stale := run(LeastConn), run(Oracle), run(JSQStale)
+	if lc.Mean > 1.03*or.Mean {
+		t.Errorf("least-conn mean %.3f with one gateway, oracle %.3f: want within 3%%", lc.Mean, or.Mean)
+	}
+	if stale.Mean < 2*lc.Mean {
+		t.Errorf("jsq-stale mean %.3f at T = 10, least-conn %.3f: the board alone should herd", stale.Mean, lc.Mean)
+	}
+}
