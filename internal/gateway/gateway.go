@@ -342,9 +342,8 @@ func (g *Gateway) Run(ctx context.Context) {
 // listener closes it after 300 s, a change of this site's certificate
 // material or a failed poll drops it (dropConnOnNewTrust, Poll), so no
 // connection outlives the trust that admitted it by more than that. A
-// handshake per poll cost a quarter of a near-idle gateway's CPU, and as
-// much again at the operator, because long polls return at every change
-// of the board.
+// handshake per poll, paid at every change of the board since long polls
+// return at each, was a quarter of a near-idle gateway's CPU in a profile.
 func newOperatorClient(conf *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		Proxy:               nil,
@@ -446,8 +445,9 @@ func (g *Gateway) Poll(ctx context.Context) (ok bool) {
 	}
 	if err != nil {
 		g.cursor.Store(nil) // the next read is a plain one
-		// The next poll verifies the operator afresh: a connection that
-		// failed is not trusted to be the one that was verified.
+		// As a peer poll's: the next poll dials and verifies afresh, so
+		// an operator replaced behind the address (restarted, with a new
+		// certificate) is verified as it now is.
 		g.opClient.CloseIdleConnections()
 		g.pollFailed(err)
 		// Skew seen in the pages read is evidence; silence is not.

@@ -2,6 +2,8 @@ package sitebench
 
 import (
 	"math"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +170,26 @@ func TestCPUMeterReadsTheMachine(t *testing.T) {
 	}
 	if b := m.since(); b <= 0 || b > 1 {
 		t.Errorf("busy share over a spin: %v, want in (0, 1]", b)
+	}
+}
+
+// TestFreeAddrStaysBelowTheEphemeralRange: children's ports are never
+// ones an outgoing connection could take meanwhile, and successive ones
+// differ.
+func TestFreeAddrStaysBelowTheEphemeralRange(t *testing.T) {
+	seen := map[string]bool{}
+	for range 50 {
+		a, err := freeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := net.SplitHostPort(a)
+		if p, _ := strconv.Atoi(port); p < firstChildPort || p > lastChildPort {
+			t.Errorf("port %d outside %d-%d", p, firstChildPort, lastChildPort)
+		}
+		if seen[a] {
+			t.Errorf("%s handed out twice", a)
+		}
+		seen[a] = true
 	}
 }

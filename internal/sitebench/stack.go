@@ -89,15 +89,46 @@ func (p *proc) kill() {
 	<-p.done
 }
 
+// Ports handed to children: below Linux's default ephemeral range
+// (32768–60999, net.ipv4.ip_local_port_range), in turn. A port the kernel
+// picks for a listener is from the ephemeral range, and between the check
+// and the child's bind an outgoing connection of the cell (thousands a
+// cell) may take it: a gateway then failed to start with "address already
+// in use". Handed out in turn, a port comes again only after every other.
+const (
+	firstChildPort = 20000
+	lastChildPort  = 32767
+)
+
+// nextPort is the next port freeAddr tries; a restart's goroutines ask
+// together.
+var nextPort struct {
+	sync.Mutex
+	port int
+}
+
 // freeAddr returns a loopback address nothing listens on now, for a child
-// to bind.
+// to bind, on a port no outgoing connection takes.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	nextPort.Lock()
+	defer nextPort.Unlock()
+	if nextPort.port == 0 {
+		// Another benchmark on the machine starts elsewhere in the range.
+		nextPort.port = firstChildPort + os.Getpid()%(lastChildPort-firstChildPort+1)
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	for range lastChildPort - firstChildPort + 1 {
+		port := nextPort.port
+		if nextPort.port++; nextPort.port > lastChildPort {
+			nextPort.port = firstChildPort
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use
+		}
+		l.Close()
+		return l.Addr().String(), nil
+	}
+	return "", fmt.Errorf("no free loopback port in %d-%d", firstChildPort, lastChildPort)
 }
 
 // site is one site of the benchmark grid: its sim, and for Grid its
