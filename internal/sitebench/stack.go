@@ -358,8 +358,15 @@ func (st *stack) launchGateway(s *site, k int, certs string) (*proc, error) {
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	return startProc(fmt.Sprintf("%s gateway %d", s.name, k), st.bin, "gateway", "--config", file, "--drain-timeout", "5s")
+	return startProc(fmt.Sprintf("%s gateway %d", s.name, k), st.bin, "gateway", "--config", file, "--drain-timeout", gatewayDrain.String())
 }
+
+// gatewayDrain is the gateways' --drain-timeout: longer than the longest
+// request (2,048 output tokens at 20 ms a token is 41 s), as a rolling
+// update's grace period would be, so a replaced gateway finishes what it
+// holds as nginx's graceful stop does (its workers outlive a killed
+// master). At 5 s, a restart at 20 ms a token cut 19–21 requests a run.
+const gatewayDrain = 60 * time.Second
 
 // restartGateways replaces every gateway replica at once, as a rolling
 // update replaces each behind its load balancer (the restart scenario);
@@ -398,7 +405,7 @@ func (st *stack) restartGateways(certs string) error {
 				if err := waitHTTP(p, "http://"+metrics+"/readyz", 15*time.Second); err != nil {
 					fail(err)
 				}
-				old.stop(10 * time.Second)
+				old.stop(gatewayDrain + 10*time.Second)
 			})
 		}
 	}
