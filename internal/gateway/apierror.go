@@ -39,13 +39,14 @@ var (
 	errUnknownURL          = apiError{http.StatusNotFound, "invalid_request_error", "unknown_url", false, "no such API path"}
 	errBodyBudget          = apiError{http.StatusServiceUnavailable, "server_error", "body_budget", true, "the gateway holds as many request bodies as it may; retry shortly"}
 	errMethodNotAllowed    = apiError{http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", false, "this API path does not take this method"}
+	errShuttingDown        = apiError{http.StatusServiceUnavailable, "server_error", "shutting_down", true, "the gateway's drain ran out of time before the upstream answered; retry"}
 )
 
 // apiErrors lists every refusal, for the documentation test.
 var apiErrors = []apiError{
 	errModelRequired, errBadBody, errTooLarge, errBodyTimeout, errShed, errNoHealthySite,
 	errModelNotFound, errNoRoute, errUpstreamUnreachable, errUpstreamFailed, errHopForbidden, errOperatorUnreachable,
-	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed, errBodyBudget,
+	apiInvalidJSON, apiAmbiguousModel, errUnknownURL, errMethodNotAllowed, errBodyBudget, errShuttingDown,
 }
 
 // about is e with a message that names what the refusal is about (the model

@@ -14,6 +14,7 @@ import (
 	"net/http/httptrace"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -652,4 +653,63 @@ func TestInterruptStreamsEndsCopiedStreams(t *testing.T) {
 	waitFor(t, "the interruption counted", func() bool {
 		return testutil.ToFloat64(g.m.streamsEndedEarly.WithLabelValues("east", string(streamShutdown))) == 1
 	})
+}
+
+// TestDrainPastDeadlineAnswersAWaitingStream: a stream still waiting for
+// its upstream's first byte when the drain runs out of time is cancelled
+// and answered 503 shutting_down with Retry-After, detaching on or off,
+// rather than left to the connection's close (an EOF the client cannot
+// tell from a crash); the upstream is not blamed.
+func TestDrainPastDeadlineAnswersAWaitingStream(t *testing.T) {
+	for _, detach := range []bool{true, false} {
+		t.Run(fmt.Sprint("detach=", detach), func(t *testing.T) {
+			arrived, release := make(chan struct{}, 1), make(chan struct{})
+			var attempts atomic.Int64
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if attempts.Add(1) == 1 {
+					arrived <- struct{}{}
+				}
+				select { // a queued request: no header until the test ends
+				case <-r.Context().Done():
+				case <-release:
+				}
+			}))
+			defer func() { close(release); upstream.Close() }()
+			g, addr := detachGateway(t, upstream.URL)
+			if !detach {
+				switchDetachOff(t, g)
+			}
+			type answer struct {
+				resp *http.Response
+				err  error
+			}
+			got := make(chan answer, 1)
+			go func() {
+				// Bounded: without the drain's answer nothing ends the wait
+				// but the server's close, which the test does not do.
+				c := &http.Client{Timeout: 5 * time.Second}
+				resp, err := c.Do(streamRequest(t, addr))
+				got <- answer{resp, err}
+			}()
+			<-arrived
+			done, cancel := context.WithCancel(context.Background())
+			cancel()
+			g.InterruptStreams(done)
+			a := <-got
+			if a.err != nil {
+				t.Fatalf("the client saw %v; want an answer", a.err)
+			}
+			defer a.resp.Body.Close()
+			body, _ := io.ReadAll(a.resp.Body)
+			if a.resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"shutting_down"`) || a.resp.Header.Get("Retry-After") == "" {
+				t.Errorf("answer %d %q (Retry-After %q); want 503 shutting_down with Retry-After", a.resp.StatusCode, body, a.resp.Header.Get("Retry-After"))
+			}
+			if n := testutil.ToFloat64(g.m.upstreamErrors.WithLabelValues("east", "transport")); n != 0 {
+				t.Errorf("the upstream was blamed %v times for the drain's cancel", n)
+			}
+			if n := attempts.Load(); n != 1 {
+				t.Errorf("the upstream got %d attempts; want the one the drain cancelled", n)
+			}
+		})
+	}
 }

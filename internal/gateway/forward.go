@@ -211,10 +211,17 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 	}
 	var stopWatch func() bool
 	var cancelOut context.CancelFunc
+	// stopWaiting, once the upstream's headers are in, stops a drain past
+	// its deadline from cancelling a stream that will detach: until then
+	// the request is cancelled and answered errShuttingDown, where the
+	// server closing its connection would leave the client an EOF.
+	stopWaiting := func() bool { return false }
 	if via != nil {
 		outCtx, cancelOut = context.WithCancel(context.WithoutCancel(r.Context()))
 		stopWatch = context.AfterFunc(r.Context(), cancelOut)
+		stopWaiting = context.AfterFunc(g.stopping, cancelOut)
 		defer func() {
+			stopWaiting()
 			if ans.detached == nil {
 				stopWatch()
 				cancelOut()
@@ -238,6 +245,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		FlushInterval: 0, // ReverseProxy flushes every write of a stream or an answer of unknown length itself
 		BufferPool:    buffer,
 		ModifyResponse: func(resp *http.Response) error {
+			stopWaiting()
 			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
 				return errNotDelivered
 			}
@@ -278,6 +286,14 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if errors.Is(err, errDetached) {
 				result = delivered
+				return
+			}
+			if g.stopping.Err() != nil && r.Context().Err() == nil && !tw.wrote {
+				// A drain past its deadline cancelled the request before
+				// any answer: the client is told to retry, and the
+				// upstream is not blamed.
+				result = failed
+				errShuttingDown.write(w, g.turn.Load())
 				return
 			}
 			if req.Context().Err() != nil {
