@@ -196,7 +196,11 @@ func (s *detachedStream) run() {
 	if whole {
 		s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
 		_, err := io.WriteString(s.conn, "0\r\n\r\n")
-		if err == nil && !s.closeAfter {
+		// A draining gateway closes the connection right behind the
+		// answer's last chunk, as nginx does: rejoined, it would idle in
+		// the server until the drain closed it, while the client, told
+		// nothing, sent its next request on it and read an EOF.
+		if err == nil && !s.closeAfter && !s.via.draining() {
 			s.conn.SetWriteDeadline(time.Time{})
 			if s.via.rejoin(s.conn) {
 				s.end(outcome)
@@ -491,6 +495,13 @@ func (l *rejoinListener) stopAccepting() {
 		l.innerClosed = true
 		l.Listener.Close()
 	}
+}
+
+// draining reports whether the listener stopped accepting (a drain began).
+func (l *rejoinListener) draining() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.innerClosed
 }
 
 // rejoin queues c to be served again; false when the listener is closed

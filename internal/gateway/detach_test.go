@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -711,5 +712,47 @@ func TestDrainPastDeadlineAnswersAWaitingStream(t *testing.T) {
 				t.Errorf("the upstream got %d attempts; want the one the drain cancelled", n)
 			}
 		})
+	}
+}
+
+// TestDrainClosesAStreamsConnectionBehindIt: a detached stream that ends
+// once the gateway is draining closes its connection right behind the
+// last chunk, so its client does not send its next request on a
+// connection the drain is about to close; before a drain, it rejoins.
+func TestDrainClosesAStreamsConnectionBehindIt(t *testing.T) {
+	stream := func(drain bool) error {
+		up := newSSEUpstream(t)
+		g, addr := detachGateway(t, up.URL)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev := readEvent(t, bufio.NewReader(io.LimitReader(resp.Body, 64))); ev != "first" {
+			t.Fatalf("first event %q", ev)
+		}
+		waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+		if drain {
+			g.LameDuck()
+		}
+		close(up.step)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = br.ReadByte()
+		return err
+	}
+	if err := stream(false); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("before a drain the stream's connection read %v after the answer; want it kept open", err)
+	}
+	if err := stream(true); err != io.EOF {
+		t.Errorf("while draining the stream's connection read %v after the answer; want EOF at once", err)
 	}
 }
