@@ -98,10 +98,10 @@ func runGateway(ctx context.Context, args []string, e *env) error {
 	})
 	for name, srv := range servers {
 		var more []func(context.Context) error
-		var lameDuck func()
+		var lameDuck func(context.Context)
 		switch name {
 		case gateway.ClientListener:
-			lameDuck = gw.LameDuck
+			lameDuck = gw.QuietClients
 			more = append(more, gw.DrainStreams) // streams the server handed off, and its own
 		case gateway.HopListener:
 			more = append(more, gw.InterruptStreams) // the streams it copies, past the deadline

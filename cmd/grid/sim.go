@@ -55,13 +55,13 @@ func runSim(ctx context.Context, args []string, e *env) error {
 // gateway's detached streams, which the server does not track).
 //
 // With lameDuck set (the gateway's client listener), the drain begins
-// with it: it stops the listener taking connections (a replacement bound
-// with SO_REUSEPORT takes them) and tells the clients on kept-alive
-// connections to go (each answer then closes its connection); for
-// lameDuckFor the server keeps answering what they send before the idle
-// connections are closed. Closed at once, an idle connection races the
-// request its client is writing on it, which fails.
-func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, lameDuck func(), more ...func(context.Context) error) error {
+// with it, under the drain's deadline: it stops the listener taking
+// connections (a replacement bound with SO_REUSEPORT takes them), tells
+// the clients on kept-alive connections to go, and returns once they have
+// been told (gateway.QuietClients); only then are the idle connections
+// closed. Closed at once, an idle connection races the request its client
+// is writing on it, which fails.
+func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.Listener, e *env, drain time.Duration, lameDuck func(context.Context), more ...func(context.Context) error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -73,9 +73,7 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if lameDuck != nil {
-		lameDuck()
-		t := time.NewTimer(min(lameDuckFor, drain))
-		<-t.C
+		lameDuck(sctx)
 	}
 	// Every drain runs, even past the deadline: a drain given a context
 	// already done ends what it holds at once, its own way (the gateway's
@@ -101,7 +99,3 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	return nil
 }
 
-// lameDuckFor is how long a draining client listener keeps answering
-// requests on kept-alive connections, each answer closing its connection,
-// before the idle ones are closed.
-const lameDuckFor = time.Second

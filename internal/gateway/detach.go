@@ -196,11 +196,12 @@ func (s *detachedStream) run() {
 	if whole {
 		s.conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
 		_, err := io.WriteString(s.conn, "0\r\n\r\n")
-		// A draining gateway closes the connection right behind the
-		// answer's last chunk, as nginx does: rejoined, it would idle in
-		// the server until the drain closed it, while the client, told
-		// nothing, sent its next request on it and read an EOF.
-		if err == nil && !s.closeAfter && !s.via.draining() {
+		// The connection goes back to the server unless the answer's head
+		// said it closes, even while the gateway drains: the client,
+		// promised keep-alive, may be writing its next request on it
+		// already, and a drain answers it, closing the connection
+		// (QuietClients). Once the server has shut down, rejoin refuses.
+		if err == nil && !s.closeAfter {
 			s.conn.SetWriteDeadline(time.Time{})
 			if s.via.rejoin(s.conn) {
 				s.end(outcome)
@@ -382,6 +383,9 @@ func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
 	set.signal()
 }
 
+// busy reports whether a stream is being copied or about to be.
+func (set *streamSet) busy() bool { return set.Len() > 0 || set.detaching.Load() > 0 }
+
 // Len is the number of streams being copied now.
 func (set *streamSet) Len() int {
 	set.mu.Lock()
@@ -393,7 +397,7 @@ func (set *streamSet) Len() int {
 // those left and waits for their goroutines. It returns ctx's error when
 // it had to cut.
 func (set *streamSet) drain(ctx context.Context) error {
-	for set.Len() > 0 || set.detaching.Load() > 0 {
+	for set.busy() {
 		select {
 		case <-set.changed:
 		case <-ctx.Done():
@@ -495,13 +499,6 @@ func (l *rejoinListener) stopAccepting() {
 		l.innerClosed = true
 		l.Listener.Close()
 	}
-}
-
-// draining reports whether the listener stopped accepting (a drain began).
-func (l *rejoinListener) draining() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.innerClosed
 }
 
 // rejoin queues c to be served again; false when the listener is closed

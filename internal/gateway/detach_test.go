@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -715,44 +714,58 @@ func TestDrainPastDeadlineAnswersAWaitingStream(t *testing.T) {
 	}
 }
 
-// TestDrainClosesAStreamsConnectionBehindIt: a detached stream that ends
-// once the gateway is draining closes its connection right behind the
-// last chunk, so its client does not send its next request on a
-// connection the drain is about to close; before a drain, it rejoins.
-func TestDrainClosesAStreamsConnectionBehindIt(t *testing.T) {
-	stream := func(drain bool) error {
-		up := newSSEUpstream(t)
-		g, addr := detachGateway(t, up.URL)
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+// TestDrainAnswersTheRequestAfterAStream: a detached stream begun before a
+// drain promised its client keep-alive; when it ends during the drain its
+// connection goes back to the server, which answers the client's next
+// request on it and closes it (Connection: close). Closed right behind
+// the stream, the connection raced the request its client was writing on
+// it: in-place restarts lost 1 request in 2,548
+// (TestRestartInPlaceLosesNoRequest) and 7–10 of ~230 a run in grid bench
+// sites' restart at K = 3.
+func TestDrainAnswersTheRequestAfterAStream(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	send := func() {
 		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev := readEvent(t, bufio.NewReader(io.LimitReader(resp.Body, 64))); ev != "first" {
-			t.Fatalf("first event %q", ev)
-		}
-		waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
-		if drain {
-			g.LameDuck()
-		}
-		close(up.step)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		_, err = br.ReadByte()
-		return err
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	}
-	if err := stream(false); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("before a drain the stream's connection read %v after the answer; want it kept open", err)
+	br := bufio.NewReader(c)
+	send()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := stream(true); err != io.EOF {
-		t.Errorf("while draining the stream's connection read %v after the answer; want EOF at once", err)
+	if resp.Close {
+		t.Fatal("a stream begun before the drain says its connection closes")
+	}
+	if ev := readEvent(t, bufio.NewReader(io.LimitReader(resp.Body, 64))); ev != "first" {
+		t.Fatalf("first event %q", ev)
+	}
+	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+	g.LameDuck()
+	close(up.step)
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("the stream did not end whole: %v", err)
+	}
+	resp.Body.Close()
+
+	send()
+	next, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the request sent after the stream, on its connection, during the drain: %v", err)
+	}
+	if next.StatusCode != http.StatusOK || !next.Close {
+		t.Errorf("the request after the stream: status %d, Connection: close %v; want 200 closing the connection", next.StatusCode, next.Close)
+	}
+	io.Copy(io.Discard, next.Body)
+	next.Body.Close()
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after that answer the connection read %v; want EOF", err)
 	}
 }

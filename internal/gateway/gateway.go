@@ -99,6 +99,9 @@ type Gateway struct {
 	// closingConns is set by LameDuck: every answer on the client
 	// listener closes its connection. Any goroutine.
 	closingConns atomic.Bool
+	// clientActive counts the requests the client listener's handler is
+	// answering (QuietClients). Any goroutine.
+	clientActive atomic.Int64
 	// wake asks the poll loop to poll (a request after an idle spell);
 	// ejected asks it for a rebuild after a passive-health ejection; first
 	// is closed after the first successful poll (firstOnce).

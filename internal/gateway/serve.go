@@ -51,6 +51,8 @@ func stripInternal(h http.Header) {
 func (g *Gateway) ClientHandler() http.Handler {
 	api := g.apiMux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.clientActive.Add(1)
+		defer g.clientActive.Add(-1)
 		if g.closingConns.Load() {
 			w.Header().Set("Connection", "close")
 		}
@@ -72,6 +74,45 @@ func (g *Gateway) LameDuck() {
 		rj.stopAccepting()
 	}
 }
+
+// LameDuckFor is the least time a draining client listener keeps
+// answering requests on kept-alive connections, each answer closing its
+// connection, before the server closes the idle ones.
+const LameDuckFor = time.Second
+
+// QuietClients begins a drain of the client listener (LameDuck) and
+// returns once its clients have been told to go: after LameDuckFor, when
+// no request is being answered on it and no detached stream runs, or when
+// ctx is done. Until then the server still answers what comes on its
+// connections, among them those that streams begun before the drain hand
+// back (their head promised keep-alive, so their clients send again on
+// them): each gets one more answer, closing it. Closed right behind its
+// stream, such a connection raced the request its client was already
+// writing on it, which failed (a reset). The server's Shutdown follows;
+// a connection handed back whose client sends nothing is closed by it
+// after its 5 s allowance for a new connection.
+func (g *Gateway) QuietClients(ctx context.Context) {
+	g.LameDuck()
+	t := time.NewTimer(LameDuckFor)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	tick := time.NewTicker(quietPoll)
+	defer tick.Stop()
+	for g.clientActive.Load() > 0 || g.streams.busy() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// quietPoll is how often QuietClients looks for a quiet client listener.
+const quietPoll = 20 * time.Millisecond
 
 // HopHandler serves requests forwarded by peer gateways, on the mTLS hop
 // listener: the caller must verify as one of this site's peers, and the
