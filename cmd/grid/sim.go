@@ -98,4 +98,3 @@ func serveUntilDone(ctx context.Context, name string, srv *http.Server, ln net.L
 	}
 	return nil
 }
-

@@ -42,17 +42,11 @@ type Reading struct {
 	InFlight Opt
 	// CongestedInFlight is the same, over instants with a backlog only.
 	CongestedInFlight Opt
-	// LeastCongestedRunning is the least running count (running × ready)
-	// over instants with a backlog: requests waited while that many ran,
-	// so the provider runs at most that many at once (the hard bound). The
-	// in-flight count at those instants includes the backlog, and a site
-	// that herding keeps deep in a queue is never seen congested at a
-	// count near its size.
-	LeastCongestedRunning Opt
-	// MostRunning is the most requests seen running at once (running ×
-	// ready) at any instant, waiting or not: concurrency the provider has
-	// demonstrably served (the soft bound learns from it).
-	MostRunning Opt
+	// PerUnit is the capacity evidence the two bounds learn, per ready
+	// unit (an endpoint of a pool, an engine of a server): each instant's
+	// counts over its own ready count, so that a site whose units go
+	// unready or return is read at its new size at once.
+	PerUnit UnitReading
 	// LatestInFlight is the in-flight count of the newest joined instant,
 	// and LatestAt that instant: what the age-aware policy starts from.
 	LatestInFlight Opt
@@ -69,6 +63,24 @@ type Reading struct {
 	// Ready is the latest ready count (endpoints of a pool, engines of a
 	// server): the units the ceiling floor is credited per.
 	Ready Opt
+}
+
+// UnitReading is a Reading's capacity evidence per ready unit.
+type UnitReading struct {
+	// InFlight is the most in flight per unit (running + queued, and held
+	// work over the ready count) at any instant: the soft bound learns it
+	// when nothing waited in the window.
+	InFlight Opt
+	// MostRunning is the most requests seen running at once per unit at
+	// any instant, waiting or not: concurrency the provider has
+	// demonstrably served (the soft bound learns from it).
+	MostRunning Opt
+	// LeastCongestedRunning is the least running per unit over instants
+	// with a backlog: requests waited while that many ran, so a unit runs
+	// at most that many at once (the hard bound). The in-flight count at
+	// those instants includes the backlog, and a site that herding keeps
+	// deep in a queue is never seen congested at a count near its size.
+	LeastCongestedRunning Opt
 }
 
 // plausible keeps a finite value up to 1e6, clamping negatives to 0.
@@ -153,12 +165,22 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 		if !r.InFlight.OK || x.V > r.InFlight.V {
 			r.InFlight = x
 		}
-		busy := rn.V * rd.V
-		if !r.MostRunning.OK || busy > r.MostRunning.V {
-			r.MostRunning = some(busy)
+		congested := q.V >= queueFull || h.V >= 1
+		// An instant without a ready unit (frozen averages) says nothing
+		// of a unit's capacity.
+		if u := &r.PerUnit; rd.V >= 1 {
+			if !u.MostRunning.OK || rn.V > u.MostRunning.V {
+				u.MostRunning = rn
+			}
+			if perUnit := x.V / rd.V; !u.InFlight.OK || perUnit > u.InFlight.V {
+				u.InFlight = some(perUnit)
+			}
+			if congested && (!u.LeastCongestedRunning.OK || rn.V < u.LeastCongestedRunning.V) {
+				u.LeastCongestedRunning = rn
+			}
 		}
 		r.LatestInFlight, r.LatestAt = x, lead.At
-		if q.V < queueFull && h.V < 1 {
+		if !congested {
 			r.CongestedSince = Opt{}
 		} else {
 			if !r.CongestedSince.OK {
@@ -166,9 +188,6 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 			}
 			if !r.CongestedInFlight.OK || x.V > r.CongestedInFlight.V {
 				r.CongestedInFlight = x
-			}
-			if !r.LeastCongestedRunning.OK || busy < r.LeastCongestedRunning.V {
-				r.LeastCongestedRunning = some(busy)
 			}
 		}
 	}

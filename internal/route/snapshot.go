@@ -267,6 +267,8 @@ func (s *Snapshot) Models() []string {
 
 // learned is what the builder carries across refreshes for one candidate.
 type learned struct {
+	// soft and hard are the capacity bounds, per ready unit (the whole
+	// provider's under the single ceiling).
 	soft       float64
 	hard       Opt
 	rho        float64
@@ -407,14 +409,6 @@ func (b *Builder) measure(store *loadstore.Store, c *Candidate, now int64, set S
 	if r.Unready {
 		c.Admission = Excluded
 	}
-	// The ceiling floor is credited per ready unit: a pool of four ready
-	// endpoints is, until it shows more, four engines of the floor's size,
-	// not one. It is what a gateway knows of capacity before any traffic
-	// has shown it (a cold start), and it keeps the proportions of sites
-	// of like engines (docs/routing.md, capacity).
-	if r.Ready.OK && r.Ready.V > 1 {
-		set.CeilingFloor *= r.Ready.V
-	}
 	if r.InFlight.OK {
 		// Capacity is learned from the current provider identity's samples
 		// only: an engine that restarted or was reconfigured is not the
@@ -447,7 +441,18 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 		prev = nil // a new provider identity: learning starts over
 	}
 	sampleAt := min(int64(r.SampledAt.V), now)
-	soft, hard, effective := learnBounds(prev, v.Learnable, learnFrom, recent, now, set)
+	// Capacity is learned per ready unit (an endpoint of a pool, an
+	// engine of a server) and read at the latest ready count: a pool of
+	// four ready endpoints is, until it shows more, four engines of the
+	// floor's size, not one (a cold start keeps the proportions of sites
+	// of like engines), and one whose endpoints go unready, or return, is
+	// read at its new size at once rather than once a backlog shows it
+	// (docs/routing.md, capacity).
+	units := 1.0
+	if r.Ready.OK && r.Ready.V > 1 {
+		units = r.Ready.V
+	}
+	soft, hard, effective := learnBounds(prev, v.Learnable, learnFrom, recent, units, now, set)
 	raw, rho := saturation(prev, r, effective, sampleAt, set)
 	congested := recent.CongestedInFlight.OK && recent.CongestedInFlight.V >= effective
 	fullSince := fullSince(prev, congested, now, set)
@@ -468,13 +473,14 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 
 // learnBounds returns the soft bound (the most held with nothing queued, or
 // the most seen running at once), the hard bound (the least running at a
-// demonstrated limit, growing back by the half-life) and the effective
-// ceiling the in-flight count is read against. The queued part of a sample
+// demonstrated limit, growing back by the half-life), both per ready unit,
+// and the effective ceiling the in-flight count is read against: their
+// lesser times units, the latest ready count. The queued part of a sample
 // teaches nothing, and a sample without a whole batch teaches neither
 // bound. Under the single ceiling (the reference's model) the soft bound is
-// the whole ceiling, learned from samples with nothing waiting only and
-// decayed by the half-life.
-func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, set Settings) (soft float64, hard Opt, effective float64) {
+// the whole ceiling, learned from samples with nothing waiting only,
+// decayed by the half-life, and floored at the ceiling floor per unit.
+func learnBounds(prev *learned, learnable bool, r, recent Reading, units float64, now int64, set Settings) (soft float64, hard Opt, effective float64) {
 	decay := 1.0
 	if prev != nil {
 		decay = math.Pow(0.5, float64(max(now-prev.atMs, 0))/set.CeilingHalfLifeMs)
@@ -494,40 +500,43 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, now int64, se
 		decayed = prev.soft
 	}
 	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
-	// clean is the most held with nothing waiting; taught adds the most
-	// seen running at any instant, queue or not: the queued part of an
-	// in-flight count teaches nothing, the running part was served.
+	if set.SingleCeiling {
+		var clean float64
+		if learnable && !waiting {
+			clean = r.InFlight.V
+		}
+		soft = max(decayed, clean, set.CeilingFloor*units)
+		return soft, Opt{}, soft
+	}
+	// clean is the most held per unit with nothing waiting; taught adds
+	// the most seen running per unit at any instant, queue or not: the
+	// queued part of an in-flight count teaches nothing, the running part
+	// was served.
 	var clean, taught float64
 	if learnable {
 		if !waiting {
-			clean = r.InFlight.V
+			clean = r.PerUnit.InFlight.V
 		}
-		taught = clean
-		if !set.SingleCeiling {
-			taught = max(clean, r.MostRunning.V)
-		}
+		taught = max(clean, r.PerUnit.MostRunning.V)
 	}
 	soft = max(decayed, taught, set.CeilingFloor)
-	if set.SingleCeiling {
-		return soft, Opt{}, soft
-	}
 	if prev != nil && prev.hard.OK {
 		// The demonstrated limit grows back out by the half-life.
 		hard = some(prev.hard.V / decay)
 	}
-	if least := recent.LeastCongestedRunning; learnable && least.OK && least.V >= 1 && (!hard.OK || least.V < hard.V) {
+	if least := recent.PerUnit.LeastCongestedRunning; learnable && least.OK && least.V*units >= 1 && (!hard.OK || least.V < hard.V) {
 		hard = least
 	}
 	if hard.OK && clean > hard.V {
 		hard = Opt{} // held more than the "limit" with nothing queued: it moved
 	}
 	if !hard.OK {
-		return soft, hard, soft
+		return soft, hard, soft * units
 	}
 	// The floor guards what has not been shown (the soft bound); a limit a
 	// backlog demonstrated is read as it is, so an engine smaller than the
 	// floor is not credited with slots it does not have.
-	return soft, hard, max(min(soft, hard.V), 1)
+	return soft, hard, max(min(soft, hard.V)*units, 1)
 }
 
 // saturation returns the reading's raw saturation against the effective

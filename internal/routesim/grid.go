@@ -39,6 +39,9 @@ type Cell struct {
 	Mean     float64
 	MeanCI   float64
 	P99      float64
+	// WaitP99 is the mean of the seeds' p99 waits before service (the
+	// time to first token).
+	WaitP99 float64
 }
 
 // Run runs every cell, the seeds of all cells spread over the CPUs, and
@@ -83,29 +86,31 @@ func (g Grid) Run() []Cell {
 	close(jobs)
 	wg.Wait()
 	for i := range cells {
-		cells[i].Mean, cells[i].MeanCI, cells[i].P99 = summarise(results[i])
+		cells[i].Mean, cells[i].MeanCI, cells[i].P99, cells[i].WaitP99 = summarise(results[i])
 	}
 	return cells
 }
 
 // summarise returns the mean of the runs' means with the half-width of its
-// 95% interval (Student's t), and the mean of their p99s.
-func summarise(rs []Result) (mean, ci, p99 float64) {
+// 95% interval (Student's t), and the means of their p99s and p99 waits.
+func summarise(rs []Result) (mean, ci, p99, waitP99 float64) {
 	means := make([]float64, len(rs))
 	for i, r := range rs {
 		means[i] = r.Mean
 		p99 += r.P99
+		waitP99 += r.WaitP99
 	}
 	mean, ci = stats.MeanInterval95(means)
-	return mean, ci, p99 / float64(len(rs))
+	return mean, ci, p99 / float64(len(rs)), waitP99 / float64(len(rs))
 }
 
 // WriteTSV writes one line per cell after a header: policy, phases,
-// gateways, load, T, mean, the half-width of its 95% interval, p99.
+// gateways, load, T, mean, the half-width of its 95% interval, p99, and
+// the p99 wait before service.
 func WriteTSV(w io.Writer, cells []Cell) {
-	fmt.Fprintln(w, "policy\tphases\tgateways\tload\tT\tmean\tmean_ci\tp99")
+	fmt.Fprintln(w, "policy\tphases\tgateways\tload\tT\tmean\tmean_ci\tp99\twait_p99")
 	for _, c := range cells {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%g\t%g\t%.4f\t%.4f\t%.3f\n", c.Policy, c.Phases, c.Gateways, c.Load, c.T, c.Mean, c.MeanCI, c.P99)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%g\t%g\t%.4f\t%.4f\t%.3f\t%.3f\n", c.Policy, c.Phases, c.Gateways, c.Load, c.T, c.Mean, c.MeanCI, c.P99, c.WaitP99)
 	}
 }
 

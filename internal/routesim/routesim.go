@@ -94,10 +94,25 @@ const (
 	// its operator holds, with their ages) and the requests of the next
 	// windowRefreshes intervals are measured.
 	Restart Change = "restart"
+	// ExternalLoad: clients of the biggest site send it half its
+	// capacity directly, bypassing every gateway, for eventOn mean
+	// durations in every eventCycle (grid bench sites' external-load,
+	// whose event lasts about three mean durations, repeated so that a
+	// run holds many); their requests are not measured.
+	ExternalLoad Change = "external-load"
+	// CapacityDrop: the biggest site has half its slots for eventOn mean
+	// durations in every eventCycle (grid bench sites' capacity-drop).
+	CapacityDrop Change = "capacity-drop"
 )
 
+// The ExternalLoad and CapacityDrop events last eventOn mean durations
+// and come every eventCycle: long enough apart that static weights, which
+// load the biggest site at 0.94 on average under the external load, drain
+// its queue between them.
+const eventOn, eventCycle = 3.0, 18.0
+
 // Changes lists the scenarios.
-var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites, ColdStart, Restart}
+var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites, ColdStart, Restart, ExternalLoad, CapacityDrop}
 
 // The windows of the cold-start and restart scenarios, in refresh
 // intervals (T): measured for windowRefreshes after the event; the restart
@@ -126,9 +141,11 @@ type Config struct {
 	Policy   string
 }
 
-// Result is what a run measured, in mean request durations.
+// Result is what a run measured, in mean request durations: the time in
+// system's mean and p99, and the p99 of the wait before service began
+// (the time to first token, no prefill being modelled).
 type Result struct {
-	Mean, P99 float64
+	Mean, P99, WaitP99 float64
 }
 
 // unit is one mean request duration on the gateways' millisecond timeline.
@@ -143,6 +160,12 @@ const (
 	rebuild // a gateway rebuilds its snapshot (its poll)
 	swap    // the sites' capacities reverse (CapacitySwap)
 	restart // every gateway restarts (Restart)
+	// external is an arrival that bypasses the gateways (ExternalLoad).
+	external
+	// eventStart and eventEnd bound the middle third of an ExternalLoad
+	// or CapacityDrop run.
+	eventStart
+	eventEnd
 )
 
 // reading is one site's published reading: its in-system count at an
@@ -183,7 +206,8 @@ func (e *events) Pop() any {
 type request struct {
 	arrived float64
 	service float64
-	gw      int
+	// gw is the gateway it arrived at; -1 for an external request.
+	gw int
 	// sender is the gateway that sent it: after a restart, no longer
 	// gws[gw].
 	sender *gateway
@@ -220,9 +244,10 @@ type gateway struct {
 
 // Run simulates cfg and returns the mean and p99 time in system.
 func Run(cfg Config) Result {
-	arrivalRng := rand.New(rand.NewPCG(cfg.Seed, 1)) // arrivals, gateways, service demands
-	rng := rand.New(rand.NewPCG(cfg.Seed, 2))        // policy draws
-	phaseRng := rand.New(rand.NewPCG(cfg.Seed, 3))   // refresh and rebuild phases
+	arrivalRng := rand.New(rand.NewPCG(cfg.Seed, 1))  // arrivals, gateways, service demands
+	rng := rand.New(rand.NewPCG(cfg.Seed, 2))         // policy draws
+	phaseRng := rand.New(rand.NewPCG(cfg.Seed, 3))    // refresh and rebuild phases
+	externalRng := rand.New(rand.NewPCG(cfg.Seed, 4)) // external arrivals and their demands
 	sites := make([]site, len(cfg.Slots))
 	rate := 0.0 // completions per mean duration at full use
 	for i, c := range cfg.Slots {
@@ -310,7 +335,17 @@ func Run(cfg Config) Result {
 		restartAt := warmRefreshes * T
 		push(event{at: restartAt, kind: restart})
 		measureFrom, measureUntil = restartAt, restartAt+windowRefreshes*T
+	case ExternalLoad, CapacityDrop:
+		push(event{at: eventOn, kind: eventStart})
 	}
+	biggest := 0
+	for i := range sites {
+		if sites[i].slots > sites[biggest].slots {
+			biggest = i
+		}
+	}
+	externalRate := 0.5 * float64(sites[biggest].slots) / sites[biggest].slowdown
+	externalOn := false
 	// windowed: the run measures the requests of a window, not a count.
 	windowed := !math.IsInf(measureUntil, 1)
 	pending := 0 // requests of the window not yet departed
@@ -320,7 +355,7 @@ func Run(cfg Config) Result {
 		}
 		return arrivalRng.ExpFloat64()
 	}
-	var times []float64
+	var times, waits []float64
 	arrivals := 0
 	var now float64
 	// startQueued starts site i's queued requests while it has free slots.
@@ -331,6 +366,16 @@ func Run(cfg Config) Result {
 			s.queue = s.queue[1:]
 			s.running++
 			push(event{at: now + next.service, kind: departure, site: i, req: next})
+		}
+	}
+	// admit starts r at site i, or queues it.
+	admit := func(i int, r request) {
+		s := &sites[i]
+		if s.running < s.slots {
+			s.running++
+			push(event{at: now + r.service, kind: departure, site: i, req: r})
+		} else {
+			s.queue = append(s.queue, r)
 		}
 	}
 	for q.Len() > 0 && (windowed || len(times) < cfg.Requests) {
@@ -362,20 +407,44 @@ func Run(cfg Config) Result {
 			if stack {
 				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin()
 			}
-			s := &sites[i]
-			r := request{arrived: now, service: demand * s.slowdown, gw: k, sender: gws[k]}
-			if s.running < s.slots {
-				s.running++
-				push(event{at: now + r.service, kind: departure, site: i, req: r})
-			} else {
-				s.queue = append(s.queue, r)
+			admit(i, request{arrived: now, service: demand * sites[i].slowdown, gw: k, sender: gws[k]})
+		case external:
+			if !externalOn {
+				break
+			}
+			demand := externalRng.ExpFloat64()
+			if cfg.Sigma > 0 {
+				demand = math.Exp(cfg.Sigma*externalRng.NormFloat64() - cfg.Sigma*cfg.Sigma/2)
+			}
+			admit(biggest, request{arrived: now, service: demand * sites[biggest].slowdown, gw: -1})
+			push(event{at: now + externalRng.ExpFloat64()/externalRate, kind: external})
+		case eventStart:
+			push(event{at: now + eventOn, kind: eventEnd})
+			push(event{at: now + eventCycle, kind: eventStart})
+			switch cfg.Scenario {
+			case ExternalLoad:
+				externalOn = true
+				push(event{at: now + externalRng.ExpFloat64()/externalRate, kind: external})
+			case CapacityDrop:
+				sites[biggest].slots = max(sites[biggest].slots/2, 1)
+			}
+		case eventEnd:
+			externalOn = false
+			if cfg.Scenario == CapacityDrop {
+				sites[biggest].slots = cfg.Slots[biggest]
+				startQueued(biggest)
 			}
 		case departure:
 			s := &sites[e.site]
 			s.running--
 			d := now - e.req.arrived
+			startQueued(e.site)
+			if e.req.gw < 0 {
+				break // an external request: no gateway sent it
+			}
 			if e.req.arrived >= measureFrom && e.req.arrived < measureUntil {
 				times = append(times, d)
+				waits = append(waits, d-e.req.service)
 				pending--
 			}
 			// Every request streams; its first token comes as its service
@@ -392,7 +461,6 @@ func Run(cfg Config) Result {
 				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
 			}
 			g.service.ObserveStream(name, wait, served)
-			startQueued(e.site)
 		case refresh:
 			for k, g := range gws {
 				if e.gw >= 0 && k != e.gw {
@@ -445,13 +513,16 @@ func Run(cfg Config) Result {
 	if !windowed {
 		// Drop the warm-up tenth.
 		times = times[len(times)/10:]
+		waits = waits[len(waits)/10:]
 	}
 	var sum float64
 	for _, t := range times {
 		sum += t
 	}
 	slices.Sort(times)
-	return Result{Mean: sum / float64(len(times)), P99: times[int(0.99*float64(len(times)-1))]}
+	slices.Sort(waits)
+	p99 := func(sorted []float64) float64 { return sorted[int(0.99*float64(len(sorted)-1))] }
+	return Result{Mean: sum / float64(len(times)), P99: p99(times), WaitP99: p99(waits)}
 }
 
 // ingest feeds the gateway the rows an operator would relay for one site
