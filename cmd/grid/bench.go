@@ -187,13 +187,14 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	format := fs.String("format", "text", "text (a table per scenario) or tsv (a line per scenario, router and run)")
 	eppRefresh := fs.Duration("epp-refresh", sitebench.DefaultTiming.EPPRefresh, "how often each site's EPP recomputes its pool gauges (the real EPP's default is 5s)")
 	tpot := fs.Duration("tpot", sitebench.DefaultTiming.TPOT, "the sims' time per output token; the arrival rate follows, so a longer one sends fewer requests and tokens a second at the same load")
+	requestsOut := fs.String("requests-out", "", "a directory that receives every cell's requests, one TSV file per cell (arrival, entry and serving site, TTFT, end to end, sizes, error)")
 	if err := parseFlags(e, fs, args); err != nil {
 		return err
 	}
 	timing := sitebench.DefaultTiming
 	timing.EPPRefresh, timing.TPOT = *eppRefresh, *tpot
 	cfg := sitebench.Config{Replicas: *replicas, Load: *load, Arrivals: sitebench.Arrivals(*arrivals), Warmup: *warmup, Duration: *duration,
-		Runs: *runs, Seed: *seed, Timing: timing, Log: e.stderr}
+		Runs: *runs, Seed: *seed, Timing: timing, Log: e.stderr, RequestsOut: *requestsOut}
 	bad := func(flag string, err error) error {
 		return fmt.Errorf("%w: bench sites: --%s: %v", errUsage, flag, err)
 	}

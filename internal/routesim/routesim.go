@@ -331,6 +331,19 @@ func Run(cfg Config) Result {
 		measureFrom = swapAt + 100
 	case ColdStart:
 		measureFrom, measureUntil = 0, windowRefreshes*T
+		// Every operator's first scrape, and its first poll of each peer,
+		// happen as it starts (a failed poll is tried again after 250 ms):
+		// the idle grid's readings reach every gateway at its first read,
+		// before any request. Only the readings after them refresh every
+		// T, at their phases.
+		for i := range sites {
+			published[i] = reading{at: 1 / unit, slots: sites[i].slots}
+		}
+		if stack {
+			for _, g := range gws {
+				g.ingest(published, -1, 1/unit)
+			}
+		}
 	case Restart:
 		restartAt := warmRefreshes * T
 		push(event{at: restartAt, kind: restart})

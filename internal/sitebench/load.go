@@ -40,6 +40,8 @@ type generator struct {
 type outcome struct {
 	at        time.Duration // its arrival in the workload
 	ttft, e2e time.Duration
+	// prompt and output are the request's sizes in tokens.
+	prompt, output int
 	// site served it; entrySite is the site whose entry point took it.
 	site, entrySite string
 	err             string // "" when it streamed whole
@@ -117,7 +119,7 @@ func body(r Request) []byte {
 
 // send sends one request and reads its stream to the end.
 func (g *generator) send(ctx context.Context, r Request, arrived time.Time) outcome {
-	o := outcome{at: r.At, entrySite: g.entrySite[g.entries[r.Entry]]}
+	o := outcome{at: r.At, entrySite: g.entrySite[g.entries[r.Entry]], prompt: r.PromptTokens, output: r.OutputTokens}
 	payload := body(r)
 	url := "http://" + g.entries[r.Entry] + "/v1/chat/completions"
 	var resp *http.Response

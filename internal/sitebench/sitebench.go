@@ -17,6 +17,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -90,6 +91,9 @@ type Config struct {
 	Binary string
 	// Log receives progress lines; nil is silent.
 	Log io.Writer
+	// RequestsOut, when set, is a directory that receives each cell's
+	// requests, one TSV file per cell (WriteRequests).
+	RequestsOut string
 }
 
 // DefaultTiming: about 1 s a request at the default sizes, a 20,000-token
@@ -285,9 +289,35 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			return Result{}, fmt.Errorf("the scenario's event: %w", eventErr)
 		}
 	}
-	res := summarise(sc, router.Name, run, gen.outcomes(), warmup)
+	outs := gen.outcomes()
+	res := summarise(sc, router.Name, run, outs, warmup)
 	res.CPUBusy = busy.since()
+	if cfg.RequestsOut != "" {
+		name := filepath.Join(cfg.RequestsOut, fmt.Sprintf("%s-%s-%d.tsv", sc, strings.ReplaceAll(router.Name, ":", "_"), run+1))
+		if err := writeRequests(name, outs); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// writeRequests writes one line per request of a cell to file, in arrival
+// order, header first: its arrival (ms from the start of load, measured
+// ones from the end of the warm-up on), the site that took it and the site
+// that served it, its time to first token and to the end, its sizes, and
+// what its client saw when it failed.
+func writeRequests(file string, outs []outcome) error {
+	slices.SortFunc(outs, func(a, b outcome) int { return int(a.at - b.at) })
+	var b strings.Builder
+	b.WriteString("at_ms\tentry_site\tsite\tttft_ms\te2e_ms\tprompt_tokens\toutput_tokens\terror\n")
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	for _, o := range outs {
+		fmt.Fprintf(&b, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", ms(o.at), o.entrySite, o.site, ms(o.ttft), ms(o.e2e), o.prompt, o.output, o.err)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(file, []byte(b.String()), 0o644)
 }
 
 // cpuMeter reads the machine's busy share of CPU time between two
