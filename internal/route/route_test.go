@@ -769,14 +769,16 @@ func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
 // TestAgeAwareHoldsAPersistingBacklog: the age unit is this gateway's
 // request duration (100 ms here); a site busy with far longer requests sent
 // to it directly keeps a backlog that the unit would predict drained within
-// a few hundred ms. Seen once, the backlog drains in the model; seen to
-// persist across readings a second apart, it is held a second more, so the
-// picks half a second after the reading all go to the idle site.
+// a few hundred ms. Seen once, the backlog drains in the model (a quarter
+// of the picks half a second on); seen to persist across readings a second
+// apart, it is held a second more, so the picks half a second after the
+// reading go to the idle site but for the odd one the five mean durations
+// of noise since the reading allow (spread): at most 2 of 40.
 func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		earlier  float64 // a's queue at the reading before the latest
-		wantNone bool
+		held     bool
 	}{{"seen once", 0, false}, {"seen to persist", 8, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, "a", "b")
@@ -796,11 +798,11 @@ func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 					n++
 				}
 			}
-			if tc.wantNone && n != 0 {
-				t.Errorf("a drawn %d of 40 picks half a second after a second reading of its backlog, want none", n)
+			if tc.held && n > 2 {
+				t.Errorf("a drawn %d of 40 picks half a second after a second reading of its backlog, want at most 2", n)
 			}
-			if !tc.wantNone && n == 0 {
-				t.Errorf("a drawn none of 40 picks five mean durations after the only reading of its backlog; the model drains it")
+			if !tc.held && n < 6 {
+				t.Errorf("a drawn %d of 40 picks five mean durations after the only reading of its backlog; the model drains it", n)
 			}
 		})
 	}
