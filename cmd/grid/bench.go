@@ -37,6 +37,8 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	phases := fs.String("phases", "random,sync,per-site", "phase modes, comma-separated: random (each gateway refreshes at its own phase), sync (all at once), per-site (each site's reading at its own phase, seen by every gateway)")
 	ages := fs.String("ages", "0.1,0.5,1,2,5,10", "board ages T in mean request durations, comma-separated")
 	service := fs.String("service", "exp", "service times: exp, or lognormal[:SIGMA] (σ 1 by default)")
+	sizes := fs.String("sizes", "", "lognormal[:SIGMA]: service times lognormal of that σ (1 by default), each request's told to the gateways as its size (max_tokens), which the latency policy weighs its own sends by; in place of --service")
+	rtt := fs.Float64("rtt", 0, "the round trip, in mean request durations, from each gateway to every site but its own (gateway k's is site k mod the sites); 0: none, and no gateway has a site of its own")
 	scenario := fs.String("scenario", "none", "none, capacity-swap (slots reverse halfway; measured from 100 mean durations later), slow-site (the first site's requests take 4× longer) or small-sites (slots divided by 4)")
 	policies := fs.String("policies", strings.Join(routesim.Policies, ","), "policies, comma-separated")
 	seeds := fs.Int("seeds", 1, "seeds per cell; above one, the mean carries its 95% interval")
@@ -48,10 +50,23 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if err := parseFlags(e, fs, args[1:]); err != nil {
 		return err
 	}
+	if *sizes != "" {
+		if *service != "exp" {
+			return fmt.Errorf("%w: bench routing: --sizes sets the service times: drop --service", errUsage)
+		}
+		*service = *sizes
+	}
 	g, err := benchGrid(*sites, *loads, *gateways, *phases, *ages, *service, *scenario, *policies, *seeds, *seed, *requests)
 	if err != nil {
 		return fmt.Errorf("%w: bench routing: %v", errUsage, err)
 	}
+	if *sizes != "" && g.Sigma == 0 {
+		return fmt.Errorf("%w: bench routing: --sizes %q: want lognormal[:SIGMA]", errUsage, *sizes)
+	}
+	if !(*rtt >= 0 && *rtt < 100) {
+		return fmt.Errorf("%w: bench routing: --rtt %v: want a round trip in [0, 100) mean durations", errUsage, *rtt)
+	}
+	g.Sizes, g.RTT = *sizes != "", *rtt
 	switch {
 	case *format != "text" && *format != "tsv" && *format != "ratio":
 		return fmt.Errorf("%w: bench routing: --format %q: want text, tsv or ratio", errUsage, *format)

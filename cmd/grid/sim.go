@@ -24,6 +24,7 @@ func runSim(ctx context.Context, args []string, e *env) error {
 	fs.DurationVar(&o.TTFT, "ttft", 50*time.Millisecond, "prefill time once a request has a slot")
 	fs.DurationVar(&o.TPOT, "tpot", 10*time.Millisecond, "time per output token")
 	fs.DurationVar(&o.PrefillPerToken, "prefill-per-token", 0, "prefill time of each prompt token the prefix cache does not hold, on top of --ttft")
+	fs.BoolVar(&o.SharedPrefill, "shared-prefill", false, "each engine prefills one prompt at a time, in the order requests got their slots, as an engine's compute is one")
 	fs.IntVar(&o.PrefixCacheTokens, "prefix-cache-tokens", 0, "each engine's prefix cache, in tokens (blocks of 16, least recently used evicted); 0 is none")
 	fs.BoolVar(&o.LegacyLoads, "legacy-loads", false, "sglang: answer /v1/loads in the pre-May-2026 shape (dp_rank_count, aggregate)")
 	fs.StringVar(&o.MetricsToken, "metrics-token", "", "require Authorization: Bearer TOKEN on /metrics, as the EPP does by default")

@@ -60,6 +60,11 @@ func TestParseEPPFixture(t *testing.T) {
 	if r.Latency == nil || r.Latency.TTFTCount != 48142+9099 || r.Latency.Requests != 2211+48213+9120 {
 		t.Errorf("latency snapshot %+v", r.Latency)
 	}
+	// The prompts waiting for their first token: each endpoint's tokens
+	// over its fairness ids, 3,072 + 768, 1,024, 9,216 + 2,304.
+	if v := r.Load.PrefillTokens; v == nil || *v != 3072+768+1024+9216+2304 {
+		t.Errorf("prefill backlog %v, want 16384 tokens", v)
+	}
 	names := map[string]int{}
 	for _, row := range r.Rows {
 		names[row.Name]++
@@ -309,6 +314,9 @@ func TestEngineReading(t *testing.T) {
 	stub := newEngineStub(t, 200, string(fixture(t, "sglang-v1-loads.json")))
 	r := scrapeN(t, target(t, "sglang", stub.URL), NewProbeMemo(clock.Real{}, nil), 1)
 	e := r.Engine
+	if v := r.Load.PrefillTokens; v == nil || *v != 5120 {
+		t.Errorf("prefill backlog %v, want the ranks' 5120 waiting uncached tokens", v)
+	}
 	if e.WaitingUncachedTokens != 5120 || math.Abs(e.GenThroughput-(1711.42+1388.9)) > 1e-9 || math.Abs(e.TokenUsage-(0.5758+0.4657)/2) > 1e-9 {
 		t.Errorf("engine load %+v", e)
 	}

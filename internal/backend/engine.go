@@ -201,9 +201,20 @@ func fromEngine(name string, e *EngineLoad, source string) *Reading {
 			{Name: signals.EPPAverageKV, Labels: pool, Value: e.TokenUsage},
 			{Name: signals.EPPPerEndpointQueue, Labels: []signals.Label{{Name: "model_server_endpoint", Value: name}, {Name: "name", Value: name}}, Value: e.Waiting},
 		},
-		Load:   Load{Direct: &direct, AverageRunning: &running, AverageQueue: &waiting},
+		Load:   engineLoad(e, direct, running, waiting),
 		Engine: e,
 	}
+}
+
+// engineLoad is what an engine's in-flight and prefill backlog are read
+// from.
+func engineLoad(e *EngineLoad, direct, running, waiting float64) Load {
+	l := Load{Direct: &direct, AverageRunning: &running, AverageQueue: &waiting}
+	if e.Known&FieldWaitingUncached != 0 {
+		tokens := e.WaitingUncachedTokens
+		l.PrefillTokens = &tokens
+	}
+	return l
 }
 
 // Gauge names of the /metrics fallbacks, normalized (':' read as '_').

@@ -33,6 +33,7 @@ var eppNames = expo.NewNameSet(
 	"llm_d_epp_request_input_tokens_count",           // 19
 	"llm_d_epp_request_total",                        // 20
 	"llm_d_epp_request_error_total",                  // 21
+	"llm_d_epp_inflight_tokens",                      // 22
 )
 
 const (
@@ -48,7 +49,8 @@ const (
 	iTPOTSum, iTPOTCount              = 16, 17
 	iInputSum, iInputCount            = 18, 19
 	iRequests, iErrors                = 20, 21
-	nEPPNames                         = 22
+	iInflightTokens                   = 22
+	nEPPNames                         = 23
 )
 
 // poolGauge gathers one pool gauge: the max over series of the pool.
@@ -89,7 +91,9 @@ func ParseEPP(body []byte, pool string) (*Reading, error) {
 		case iFlow:
 			p.flowSample(s)
 		case iInflight:
-			p.inflightSample(s)
+			p.inflightSample(s, p.inflight)
+		case iInflightTokens:
+			p.inflightSample(s, p.inflightTokens)
 		default:
 			p.latencySample(s, i)
 		}
@@ -107,18 +111,22 @@ type eppPage struct {
 	pools      map[string]bool // every pool that reports readiness
 	namespaces map[string]bool // every namespace an in-flight producer reports
 	inflight   map[string]map[[2]string]float64
-	flow       float64
-	rows       []signals.Row
-	units      bool // per-endpoint queues seen: the pool's units report
-	latency    latency.Snapshot
-	haveLat    bool
+	// inflightTokens is the same as inflight for the producers' token
+	// counts (uncached prompt tokens before their first byte).
+	inflightTokens map[string]map[[2]string]float64
+	flow           float64
+	rows           []signals.Row
+	units          bool // per-endpoint queues seen: the pool's units report
+	latency        latency.Snapshot
+	haveLat        bool
 	// counters points each latency counter's index at the field of latency
 	// it sums into.
 	counters [nEPPNames]*float64
 }
 
 func newEPPPage(pool string) *eppPage {
-	p := &eppPage{pool: pool, pools: map[string]bool{}, namespaces: map[string]bool{}, inflight: map[string]map[[2]string]float64{}}
+	p := &eppPage{pool: pool, pools: map[string]bool{}, namespaces: map[string]bool{}, inflight: map[string]map[[2]string]float64{},
+		inflightTokens: map[string]map[[2]string]float64{}}
 	l := &p.latency
 	p.counters[iTTFTSum], p.counters[iTTFTCount] = &l.TTFTSum, &l.TTFTCount
 	p.counters[iTPOTSum], p.counters[iTPOTCount] = &l.TPOTSum, &l.TPOTCount
@@ -153,16 +161,18 @@ func (p *eppPage) flowSample(s *expo.Sample) {
 	p.gauges[iFlow].add(s.Value)
 }
 
-// inflightSample records one producer's in-flight count for one endpoint.
-func (p *eppPage) inflightSample(s *expo.Sample) {
+// inflightSample records into byProducer one producer's in-flight count
+// (of requests, or of tokens) for one endpoint, summed over its fairness
+// ids.
+func (p *eppPage) inflightSample(s *expo.Sample, byProducer map[string]map[[2]string]float64) {
 	producer, _ := s.Label("producer_name")
 	ns, _ := s.Label("namespace")
 	ep, _ := s.Label("endpoint_name")
 	p.namespaces[string(ns)] = true
-	m := p.inflight[string(producer)]
+	m := byProducer[string(producer)]
 	if m == nil {
 		m = map[[2]string]float64{}
-		p.inflight[string(producer)] = m
+		byProducer[string(producer)] = m
 	}
 	m[[2]string{string(ns), string(ep)}] += s.Value
 }
@@ -221,6 +231,10 @@ func (p *eppPage) reading() *Reading {
 		count := eppInflight(p.inflight)
 		r.Load.EPPCount = &count
 	}
+	if !r.MultiPool && len(p.inflightTokens) > 0 {
+		tokens := eppInflight(p.inflightTokens)
+		r.Load.PrefillTokens = &tokens
+	}
 	r.Rows = p.rows
 	if p.gauges[iFlow].found {
 		// One row per pool, the sum over fairness and priority partitions: the
@@ -237,7 +251,8 @@ func (p *eppPage) reading() *Reading {
 	return r
 }
 
-// eppInflight sums, per endpoint, the largest count any producer reports.
+// eppInflight sums, per endpoint, the largest count any producer reports
+// (of requests, or of tokens).
 func eppInflight(byProducer map[string]map[[2]string]float64) float64 {
 	perEndpoint := map[[2]string]float64{}
 	for _, m := range byProducer {

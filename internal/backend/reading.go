@@ -51,6 +51,13 @@ type Load struct {
 	FlowControl float64
 	// Direct is an engine's own running plus waiting, when read from one.
 	Direct *float64
+	// PrefillTokens is the uncached prompt tokens the provider holds that
+	// have not had their first token yet: the EPP's in-flight tokens
+	// (each endpoint's largest count across producers, summed; the EPP
+	// releases a streamed request's prompt at its first byte), or an
+	// SGLang engine's num_waiting_uncached_tokens over its ranks. Nil
+	// where the backend says nothing of it (vLLM).
+	PrefillTokens *float64
 }
 
 // InFlight estimates the requests the provider holds, given its ready count

@@ -157,8 +157,10 @@ type Availability struct {
 	// with the KV-cache term) or "single" (the reference code's one decayed
 	// ceiling), kept so the two can be compared.
 	CeilingModel string `yaml:"ceilingModel" was:"ceiling_model"`
-	// Policy is "age-aware" (read each site's load through its age) or
-	// "reference" (the reference system's selection, exactly).
+	// Policy is "age-aware" (read each site's load through its age),
+	// "latency" (pick by predicted time to first token, round trips and
+	// request sizes included) or "reference" (the reference system's
+	// selection, exactly).
 	Policy string `yaml:"policy"`
 }
 
@@ -166,6 +168,7 @@ type Availability struct {
 const (
 	PolicyAgeAware  = "age-aware"
 	PolicyReference = "reference"
+	PolicyLatency   = "latency"
 )
 
 // Ceiling models.

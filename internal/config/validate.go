@@ -269,8 +269,8 @@ func (c *Gateway) validate(doc *document) error {
 		p.addf("availability.room_after_ms", "must not be negative, got %d", *a.RoomAfterMs)
 	}
 	inRange("availability.queue_full", *a.QueueFull, 0, math.MaxFloat64)
-	if a.Policy != PolicyAgeAware && a.Policy != PolicyReference {
-		p.addf("availability.policy", "%q is not age-aware or reference", a.Policy)
+	if a.Policy != PolicyAgeAware && a.Policy != PolicyReference && a.Policy != PolicyLatency {
+		p.addf("availability.policy", "%q is not age-aware, latency or reference", a.Policy)
 	}
 	if a.CeilingModel != CeilingBounds && a.CeilingModel != CeilingSingle {
 		p.addf("availability.ceilingModel", "%q is not bounds or single", a.CeilingModel)

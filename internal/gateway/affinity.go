@@ -105,7 +105,7 @@ func (x *exchange) pick(prompt []byte) (route.Pick, session) {
 	cfg := g.cfg.Load()
 	a := &cfg.Affinity
 	now := g.timeline.NowMs()
-	normal := func() route.Pick { return snap.Pick(model, turn, now) }
+	normal := func() route.Pick { return snap.PickSized(model, x.cost, turn, now) }
 	if snap.Shedding[model] {
 		return normal(), session{} // shedding answers every request alike
 	}

@@ -1,6 +1,10 @@
 package gateway
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/grid-inference/grid/internal/route"
+)
 
 // What a request will cost an engine, estimated from its body without a
 // tokenizer (docs/gateway.md, request cost): the prompt it must prefill
@@ -14,16 +18,11 @@ import "github.com/prometheus/client_golang/prometheus"
 // is read a little light.
 const promptBytesPerToken = 4
 
-// requestCost is a request's estimated size in tokens.
-type requestCost struct {
-	// prompt: a prompt of token IDs counted exactly, one of text by
-	// promptBytesPerToken, rounded up; 0 when the body has none.
-	prompt int
-	// maxOutput is the request's own limit on what it generates
-	// (max_completion_tokens, else max_tokens, else max_output_tokens);
-	// 0 when it sets none.
-	maxOutput int
-}
+// A request's estimated size is a route.Cost: its Prompt a prompt of token
+// IDs counted exactly, one of text by promptBytesPerToken, rounded up (0
+// when the body has none); its MaxOutput the request's own limit on what
+// it generates (max_completion_tokens, else max_tokens, else
+// max_output_tokens; 0 when it sets none).
 
 // promptTokens estimates the tokens of a prompt's JSON value (a chat's
 // messages, a completion's prompt, an embedding's or a response's
@@ -98,11 +97,11 @@ func tokenLimit(v []byte) int {
 type costObservers struct{ prompt, maxOutput prometheus.Observer }
 
 // countCost observes a client request's estimated size.
-func (g *Gateway) countCost(c requestCost) {
-	if c.prompt > 0 {
-		g.costs.prompt.Observe(float64(c.prompt))
+func (g *Gateway) countCost(c route.Cost) {
+	if c.Prompt > 0 {
+		g.costs.prompt.Observe(float64(c.Prompt))
 	}
-	if c.maxOutput > 0 {
-		g.costs.maxOutput.Observe(float64(c.maxOutput))
+	if c.MaxOutput > 0 {
+		g.costs.maxOutput.Observe(float64(c.MaxOutput))
 	}
 }

@@ -54,14 +54,14 @@ func (x *exchange) deliver(pick route.Pick) (string, *detachedStream) {
 		}
 		sv.Begin()
 		x.attempt = pick
+		ob := observation{site: c.Site, local: c.Local, served: sv, began: began, room: pick.Room, load: pick.Load, cost: x.cost}
 		switch x.forward(c, began, &ans) {
 		case delivered:
 			if s := ans.detached; s != nil {
-				room := pick.Room
-				s.observe = func(whole bool) { g.observeService(c.Site, sv, began, &ans, room, whole) }
+				s.observe = func(whole bool) { g.observeService(&ob, &ans, whole) }
 				return "routed", s
 			}
-			g.observeService(c.Site, sv, began, &ans, pick.Room, true)
+			g.observeService(&ob, &ans, true)
 			return "routed", nil
 		case failed:
 			sv.End(false, 0, 0, 0)
@@ -116,37 +116,62 @@ type answer struct {
 	detached *detachedStream
 }
 
+// observation is what an attempt's answer is observed against: where it
+// went (served: a remote site's observed service, nil for this site's),
+// when, what its pick read (room, and the site's predicted load), and the
+// request's estimated size.
+type observation struct {
+	site   string
+	local  bool
+	served *route.Served
+	began  time.Time
+	room   bool
+	load   route.Opt
+	cost   route.Cost
+}
+
 // observeService tells the gateway's observed service (route.Service)
 // what one delivered request says of service time: a stream its time to
 // first byte and after it (a request that waited in an engine's queue
 // waited before its first token), a whole answer its duration and whether
-// the pick saw room. A remote site's observed service (sv; nil for this
-// site) learns that the request ended and how long it waited, which its
-// board may be seen to contradict (route.Served); an answer that did not
-// end whole teaches neither.
-func (g *Gateway) observeService(site string, sv *route.Served, began time.Time, ans *answer, room, whole bool) {
+// the pick saw room. A remote site's observed service learns that the
+// request ended and how long it waited, which its board may be seen to
+// contradict (route.Served). A stream also teaches what its size cost
+// (route.CostModel) and, against the load its site was predicted at, the
+// wait it met (route.WaitCurve): its time to first token less the round
+// trip and its prefill. An answer that did not end whole teaches nothing.
+func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	if !whole {
-		sv.End(false, 0, 0, 0)
+		ob.served.End(false, 0, 0, 0)
 		return
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	end := g.clk.Now()
 	stream := ans.stream && !ans.firstByte.IsZero()
-	first := ms(end.Sub(began))
+	first := ms(end.Sub(ob.began))
 	if stream {
-		first = ms(ans.firstByte.Sub(began))
+		first = ms(ans.firstByte.Sub(ob.began))
 	}
 	// The wait is judged before the answer teaches the estimates, so an
 	// answer is not compared with itself.
-	if sv != nil {
-		waited, unit := g.service.Waited(site, stream, first, ms(end.Sub(began)))
-		sv.End(true, g.timeline.NowMs(), waited, unit)
+	if ob.served != nil {
+		waited, unit := g.service.Waited(ob.site, stream, first, ms(end.Sub(ob.began)))
+		ob.served.End(true, g.timeline.NowMs(), waited, unit)
 	}
-	if stream {
-		g.service.ObserveStream(site, first, ms(end.Sub(ans.firstByte)))
-	} else {
-		g.service.Observe(site, ms(end.Sub(began)), room)
+	if !stream {
+		g.service.Observe(ob.site, ms(end.Sub(ob.began)), ob.room)
+		return
 	}
+	decode := ms(end.Sub(ans.firstByte))
+	if ob.load.OK {
+		g.service.Waits(ob.site).Observe(ob.load.V, g.service.WaitedFor(ob.site, !ob.local, ob.cost, first))
+	}
+	atSite := first // what the size cost, the round trip to a peer aside
+	if rtt, ok := g.service.RoundTripMs(ob.site); !ob.local && ok {
+		atSite = max(first-rtt, 0)
+	}
+	g.service.Costs().Observe(ob.cost, atSite, decode, ob.room)
+	g.service.ObserveStream(ob.site, first, decode)
 }
 
 // outbound is what the gateway sends upstream: the request's body, and

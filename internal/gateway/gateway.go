@@ -310,16 +310,17 @@ func (g *Gateway) touch() {
 // read in batches. Against one that does not, the gateway polls every
 // pollInterval. Either way a second goroutine, owned here, rebuilds the
 // snapshot every pollInterval (readings age) and at once after a passive
-// health ejection (docs/protocol.md §4.11).
+// health ejection (docs/protocol.md §4.11), and a third measures the
+// round trip to each peer site's gateway (probe.go).
 func (g *Gateway) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); g.refreshLoop(ctx) }()
+	go func() { defer wg.Done(); g.probeLoop(ctx) }()
 	defer wg.Wait()
 	for {
 		cfg := g.cfg.Load()
-		idle := g.clk.Now().Sub(time.Unix(0, g.lastRequest.Load())) > cfg.IdleAfter.D()
-		if g.lastRequest.Load() == 0 || idle {
+		if g.lastRequest.Load() == 0 || g.idle() {
 			g.cursor.Store(nil) // the wake poll is a plain read
 			select {
 			case <-ctx.Done():
@@ -337,6 +338,11 @@ func (g *Gateway) Run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// idle reports whether no request came for availability's idleAfter.
+func (g *Gateway) idle() bool {
+	return g.clk.Now().Sub(time.Unix(0, g.lastRequest.Load())) > g.cfg.Load().IdleAfter.D()
 }
 
 // newOperatorClient is the client of the gateway's polls of its operator.

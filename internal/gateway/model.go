@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+
+	"github.com/grid-inference/grid/internal/route"
 )
 
 // Why a request body names no usable model.
@@ -37,7 +39,7 @@ type requestHead struct {
 	// answers that may be detached (detach.go).
 	stream bool
 	// cost is the request's estimated size (cost.go).
-	cost requestCost
+	cost route.Cost
 }
 
 // parseRequest reads a request body's model (as ModelOf) and, in the same
@@ -62,7 +64,7 @@ func parseRequest(body []byte) (head requestHead, err error) {
 		case '}':
 			for _, l := range limits {
 				if l > 0 {
-					head.cost.maxOutput = l
+					head.cost.MaxOutput = l
 					break
 				}
 			}
@@ -91,7 +93,7 @@ func parseRequest(body []byte) (head requestHead, err error) {
 			}
 		case head.prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
 			head.prompt = promptHead(body[i:valueEnd])
-			head.cost.prompt = promptTokens(body[i:valueEnd])
+			head.cost.Prompt = promptTokens(body[i:valueEnd])
 		case string(key) == `"stream"`:
 			head.stream = string(body[i:valueEnd]) == "true"
 		case string(key) == `"max_completion_tokens"`:

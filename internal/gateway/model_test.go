@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -272,7 +273,7 @@ func TestRequestCost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if head.cost != (requestCost{prompt: tc.prompt, maxOutput: tc.maxOutput}) {
+		if head.cost != (route.Cost{Prompt: tc.prompt, MaxOutput: tc.maxOutput}) {
 			t.Errorf("%s: cost %+v, want prompt %d, max output %d", tc.name, head.cost, tc.prompt, tc.maxOutput)
 		}
 	}

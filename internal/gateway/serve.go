@@ -148,8 +148,16 @@ func (h *hopHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		errHopForbidden.write(w, 0)
 		return
 	}
+	if r.URL.Path == hopPingPath {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	h.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &peer)))
 }
+
+// hopPingPath is the hop's round-trip probe (probe.go): a peer gateway's
+// GET is answered 204 and nothing else.
+const hopPingPath = "/v1/grid/ping"
 
 // apiMux routes the OpenAI API's paths; a request's origin (a client, or a
 // peer over the hop) is in its context.
@@ -277,6 +285,8 @@ type exchange struct {
 	// client can read the answer and send its next turn.
 	sess    session
 	attempt route.Pick
+	// cost is the request's estimated size (cost.go).
+	cost route.Cost
 }
 
 // serveAPI answers one OpenAI API request: read the body, find the model,
@@ -329,6 +339,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.out = outbound{body: body, held: held, stream: head.stream}
+	x.cost = head.cost
 	if x.peer == nil { // a hop request was counted at its entry gateway
 		g.countCost(head.cost)
 	}

@@ -43,6 +43,10 @@ type CandidateView struct {
 	// those drawn from.
 	Predicted *float64 `json:"predicted,omitempty"`
 	Active    bool     `json:"active"`
+	// RoundTripMs is the measured round trip to a remote site's gateway
+	// (GET /v1/grid/ping), null before the first measurement and for this
+	// site's own providers.
+	RoundTripMs *float64 `json:"roundTripMs"`
 }
 
 // picks counts routed requests per site.
@@ -90,6 +94,9 @@ func (g *Gateway) View() SnapshotView {
 			cv.Predicted = finite(c.Predicted)
 		}
 		cv.Active = c.Active
+		if ms, ok := g.service.RoundTripMs(c.Site); ok && !c.Local {
+			cv.RoundTripMs = &ms
+		}
 		if c.Full != route.Unknown {
 			full := c.Full == route.Yes
 			cv.Full = &full

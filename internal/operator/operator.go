@@ -278,6 +278,9 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 		if v, ok := r.Load.InFlight(p.probe.ReadyEndpoints()); ok {
 			rows = append(rows, signals.Row{Name: signals.InFlight, Value: v})
 		}
+		if v := r.Load.PrefillTokens; v != nil {
+			rows = append(rows, signals.Row{Name: signals.PrefillBacklog, Value: *v})
+		}
 		for _, l := range []struct {
 			name string
 			v    *float64

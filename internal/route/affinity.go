@@ -62,7 +62,7 @@ func (s *Snapshot) Keep(model, site, provider string, nowMs int64, threshold flo
 			}
 		}
 		draws.sent(s, i, nowMs, board)
-		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: hasRoom(c, load)}, Kept
+		return Pick{Outcome: Routed, Path: PathSession, Candidate: c, Room: hasRoom(c, load), Load: some(load)}, Kept
 	}
 	return Pick{}, Gone
 }
@@ -166,7 +166,7 @@ func (s *Snapshot) Prefer(model string, hash uint64, nowMs int64, threshold floa
 	i := group[best]
 	c := &s.Candidates[i]
 	draws.sent(s, i, nowMs, boards[best])
-	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: hasRoom(c, loads[best])}, true
+	return Pick{Outcome: Routed, Path: PathPrefix, Candidate: c, Room: hasRoom(c, loads[best]), Load: some(loads[best])}, true
 }
 
 // identityHash is FNV-1a of a candidate's site and provider: its stable

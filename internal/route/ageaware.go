@@ -65,6 +65,11 @@ type ageCandidate struct {
 	slot int32
 	// readLoad is the load (in-flight over ceiling) at the latest reading.
 	readLoad float64
+	// holdMs is how long the reading's backlog is held before it drains
+	// (boardAt): the candidate's backlogMs under the age-aware policy;
+	// none under the latency policy, which reads the waits its requests
+	// meet instead.
+	holdMs int64
 	// unitMs is the candidate's mean request duration: its site's own
 	// when the gateway can tell it apart (Pace.SiteMs), else all requests'.
 	unitMs float64
@@ -125,7 +130,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 			continue
 		}
 		a.read = true
-		a.readLoad = c.latestInFlight / c.Ceiling
+		a.readLoad, a.holdMs = c.latestInFlight/c.Ceiling, c.backlogMs
 		a.interpreted = c.Admission == NewAndExisting && !math.IsNaN(c.Score) && c.Measured
 		if p.opts.IgnoreOwnSends {
 			continue
@@ -273,10 +278,15 @@ type siteWater struct {
 	// this site's own providers) and the share of its claims it earned.
 	served *Served
 	trust  float64
-	// age is its readings' capacity-weighted age in its own unit, and
-	// read their capacity-weighted load at the readings: what the
-	// uncertainty of its predicted load grows with (spread).
-	age, read float64
+	// read is its readings' capacity-weighted load at the readings: less
+	// its board, what its completions since are predicted to be (spread).
+	read float64
+	// offset is the load the latency policy reads a remote site's round
+	// trip as; board and load include it.
+	offset float64
+	// unitMs is its providers' capacity-weighted unit: its mean request
+	// duration.
+	unitMs float64
 }
 
 // fill reads group (interpreted candidates of one model, at most
@@ -307,8 +317,8 @@ func (w *water) fill(pk *ageAwarePicker, s *Snapshot, group []int32, nowMs int64
 		}
 		w.slot[k] = j
 		sw.ceiling += c.Ceiling
-		sw.age += float64(max(nowMs-c.latestAt, 0)) / a.unitMs * c.Ceiling
 		sw.read += a.readLoad * c.Ceiling
+		sw.unitMs += a.unitMs * c.Ceiling
 		sw.board += w.board[k] * c.Ceiling
 		sw.load += w.load[k] * c.Ceiling
 		sw.rate += c.Ceiling / a.unitMs
@@ -324,8 +334,8 @@ func (w *water) fill(pk *ageAwarePicker, s *Snapshot, group []int32, nowMs int64
 		}
 		sw.board /= sw.ceiling
 		sw.load /= sw.ceiling
-		sw.age /= sw.ceiling
 		sw.read /= sw.ceiling
+		sw.unitMs /= sw.ceiling
 		sw.capacity = sw.ceiling
 		if !withOwn || sw.served == nil {
 			continue
@@ -380,7 +390,7 @@ func (w *water) pour() float64 {
 // unit says (a batch of long completions sent to it directly) drains far
 // slower, and its persistence is the evidence (docs/routing.md).
 func (a *ageCandidate) boardAt(c *Candidate, nowMs int64) float64 {
-	return drain(a.readLoad, float64(max(nowMs-c.latestAt-c.backlogMs, 0))/a.unitMs)
+	return drain(a.readLoad, float64(max(nowMs-c.latestAt-a.holdMs, 0))/a.unitMs)
 }
 
 // ownInFlight is the load this gateway's own sends to the candidate, still
@@ -392,11 +402,11 @@ func (a *ageCandidate) ownInFlight(c *Candidate, nowMs int64, board float64) flo
 	return a.own.inFlight(nowMs, a.unitMs, board, c.Ceiling) / c.Ceiling
 }
 
-// count records a send to the candidate as one of this gateway's own;
-// nothing without a counter.
-func (a *ageCandidate) count(c *Candidate, nowMs int64, board float64) {
+// count records a send of weight mean requests to the candidate as one of
+// this gateway's own; nothing without a counter.
+func (a *ageCandidate) count(c *Candidate, nowMs int64, board, weight float64) {
 	if a.own != nil {
-		a.own.add(nowMs, a.unitMs, board, c.Ceiling)
+		a.own.add(nowMs, a.unitMs, board, c.Ceiling, weight)
 	}
 }
 
@@ -413,7 +423,7 @@ func (pk *ageAwarePicker) loadAt(s *Snapshot, i int32, nowMs int64) (board, load
 }
 
 func (pk *ageAwarePicker) sent(s *Snapshot, i int32, nowMs int64, board float64) {
-	pk.cands[i].count(&s.Candidates[i], nowMs, board)
+	pk.cands[i].count(&s.Candidates[i], nowMs, board, 1)
 }
 
 // hasRoom reports whether a candidate read at load (with this gateway's
@@ -427,21 +437,25 @@ func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Cei
 // of what happened since the readings. A site just above the level may
 // then be drawn, and one far below it takes about its distance: replicas
 // that share a board spread their requests over the sites the board
-// cannot tell apart, as the board's noise says they should, instead of
-// pouring them on one prediction (10 sites × 16 at load 0.95, K = 64,
-// sync, T = 1: 1.34 → 1.25 mean durations, stale P2C 1.27; on the grids
-// of docs/routing.md's main table, within ±0.01).
+// cannot tell apart instead of pouring them on one prediction.
 //
-// The variance counts, in requests, the site's completions since its
-// readings (its busy slots' binomial, and while a queue stood, the
-// Poisson of its full service rate) and the arrivals the level gives it
-// (Poisson); over its capacity squared, in load. The expectation is read
-// through a softplus (a logistic X), which needs no error function.
+// The variance counts, in requests, the completions the model predicts
+// since the readings (the load they read less the board's drained
+// prediction, as Poisson: a backlog the model holds predicts none) and
+// the arrivals the level gives the site (Poisson); over its capacity
+// squared, in load. The expectation is read through a softplus (a
+// logistic X), which needs no error function.
 func (sw *siteWater) spread(level float64) float64 {
-	completions := min(sw.read, 1)*(1-math.Exp(-sw.age)) + min(max(sw.read-1, 0), sw.age)
-	arrivals := max(level-sw.load, 0)
-	sigma := math.Sqrt((completions+arrivals)/sw.capacity) + levelSlack
+	sigma := sw.sigma(level)
 	return sigma * softplus((level-sw.load)/sigma)
+}
+
+// sigma is the standard deviation of the site's predicted load, in load,
+// when the arrivals since its readings fill it to level (spread).
+func (sw *siteWater) sigma(level float64) float64 {
+	completions := max(sw.read-(sw.board-sw.offset), 0)
+	arrivals := max(level-sw.load, 0)
+	return math.Sqrt((completions+arrivals)/sw.capacity) + levelSlack
 }
 
 // softplus is ln(1 + eᶻ), the expected excess E[(z − X)⁺] of a standard
@@ -485,8 +499,21 @@ func drain(load, age float64) float64 {
 // water model says. When no site is below the level (all at it), the
 // draw is by service rate. The pick is counted in its counter. Without an
 // interpreted healthy candidate the reference arms draw.
-func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs int64) Pick {
+func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint64, nowMs int64) Pick {
 	var group [MaxSites]int32
+	n := pk.interpreted(healthy, &group)
+	if n == 0 {
+		return referencePicker{}.pick(s, healthy, cost, turn, nowMs)
+	}
+	var w water
+	w.fill(pk, s, group[:n], nowMs, true)
+	level := w.level()
+	return w.draw(pk, s, group[:n], w.byShare(level, turn), turn, nowMs, 1)
+}
+
+// interpreted puts the positions of healthy that the policy reads into
+// group and returns how many.
+func (pk *ageAwarePicker) interpreted(healthy []int32, group *[MaxSites]int32) int {
 	n := 0
 	for _, i := range healthy {
 		if pk.cands[i].interpreted {
@@ -494,17 +521,24 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs 
 			n++
 		}
 	}
-	if n == 0 {
-		return referencePicker{}.pick(s, healthy, turn, nowMs)
-	}
-	var w water
-	w.fill(pk, s, group[:n], nowMs, true)
+	return n
+}
+
+// level is the common level the grid's arrivals since the readings fill
+// the sites to (pour), at least the least loaded site's load.
+func (w *water) level() float64 {
 	level := w.pour()
 	minLoad := math.Inf(1)
 	for j := range w.sites[:w.n] {
 		minLoad = math.Min(minLoad, w.sites[j].load)
 	}
-	level = math.Max(level, minLoad)
+	return math.Max(level, minLoad)
+}
+
+// byShare draws a site's slot in proportion to the flow each would take
+// to reach level: its service rate times its expected distance below it
+// (spread); with every site at the level, by service rate.
+func (w *water) byShare(level float64, turn uint64) int {
 	var share [MaxSites]float64
 	total := 0.0
 	for j := range w.sites[:w.n] {
@@ -522,16 +556,22 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, turn uint64, nowMs 
 			}
 		}
 	}
-	site := drawShare(share[:w.n], total, weyl(turn))
-	k := w.within(s, group[:n], int32(site), unit(turn, salt1))
+	return drawShare(share[:w.n], total, weyl(turn))
+}
+
+// draw sends the request to the site in slot site: to one of its
+// providers (within), counted as one of this gateway's own sends of
+// weight mean requests.
+func (w *water) draw(pk *ageAwarePicker, s *Snapshot, group []int32, site int, turn uint64, nowMs int64, weight float64) Pick {
+	k := w.within(s, group, int32(site), unit(turn, salt1))
 	i := group[k]
 	c, a := &s.Candidates[i], &pk.cands[i]
-	a.count(c, nowMs, w.board[k])
+	a.count(c, nowMs, w.board[k], weight)
 	// Room is the site's: a provider of an eighth of a slot never has a
 	// whole one, and its site's answers would then never teach the pace.
 	sw := &w.sites[site]
 	room := sw.load*sw.capacity+1 <= sw.capacity+levelSlack
-	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room}
+	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room, Load: some(sw.load)}
 }
 
 // within draws, among the providers of the site in slot site, one for one

@@ -49,13 +49,14 @@ func (o *sendCounter) inFlight(nowMs int64, meanMs, load, capacity float64) floa
 	return decayed(v, o.since(nowMs)-at, meanMs, load, capacity)
 }
 
-// add records a send at nowMs.
-func (o *sendCounter) add(nowMs int64, meanMs, load, capacity float64) {
+// add records a send at nowMs of weight mean requests (1 for a request
+// of unknown size; CostModel.Weight).
+func (o *sendCounter) add(nowMs int64, meanMs, load, capacity, weight float64) {
 	rel := o.since(nowMs)
 	for {
 		old := o.state.Load()
 		v, at := o.unpack(old)
-		next := decayed(v, rel-at, meanMs, load, capacity) + 1
+		next := decayed(v, rel-at, meanMs, load, capacity) + weight
 		w := uint64(math.Float32bits(float32(next)))<<32 | uint64(uint32(max(rel, at)))
 		if o.state.CompareAndSwap(old, w) {
 			return

@@ -37,8 +37,11 @@ const (
 	PathAgeAware
 )
 
+// The paths of affinity (affinity.go) follow PathAgeAware; those of the
+// latency policy (latency.go) them.
+
 func (p Path) String() string {
-	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware", "session", "prefix"}[p]
+	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware", "session", "prefix", "stay_local", "latency"}[p]
 }
 
 // Pick is a decision.
@@ -51,6 +54,11 @@ type Pick struct {
 	// gateway's own sends below its ceiling; under the reference, a site
 	// with room). Only such requests teach ServiceTime.
 	Room bool
+	// Load is the candidate's site's predicted load (in flight over
+	// capacity) as the pick read it, absent where the policy predicts
+	// none: what the wait its request meets is observed against
+	// (WaitCurve).
+	Load Opt
 }
 
 // Salts of the two independent draws.
@@ -69,12 +77,19 @@ func unit(turn, salt uint64) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Pick selects a candidate for model (docs/protocol.md §4.12) at nowMs on the
-// store timeline. The refusals are the same under every policy; among the
-// healthy candidates the snapshot's policy draws (its picker), which may
-// count the send in its own-send counters, the one write of the request
-// path. It allocates nothing.
+// Pick selects a candidate for a request of model of unknown size
+// (PickSized).
 func (s *Snapshot) Pick(model string, turn uint64, nowMs int64) Pick {
+	return s.PickSized(model, Cost{}, turn, nowMs)
+}
+
+// PickSized selects a candidate for a request of model and cost
+// (docs/protocol.md §4.12) at nowMs on the store timeline. The refusals
+// are the same under every policy; among the healthy candidates the
+// snapshot's policy draws (its picker), which may count the send in its
+// own-send counters, the one write of the request path. It allocates
+// nothing.
+func (s *Snapshot) PickSized(model string, cost Cost, turn uint64, nowMs int64) Pick {
 	if len(s.Candidates) == 0 {
 		return Pick{Outcome: NoRoute}
 	}
@@ -92,7 +107,7 @@ func (s *Snapshot) Pick(model string, turn uint64, nowMs int64) Pick {
 	case len(m.healthy) == 0:
 		return Pick{Outcome: Fallback, Candidate: &s.Candidates[m.routable[0]]}
 	}
-	return s.draws().pick(s, m.healthy, turn, nowMs)
+	return s.draws().pick(s, m.healthy, cost, turn, nowMs)
 }
 
 // weighted draws a position of list by weight (of a candidate's position), skipping position skip (-1:

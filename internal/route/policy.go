@@ -34,9 +34,9 @@ type Policy interface {
 // called from any goroutine, and allocate nothing.
 type picker interface {
 	// pick draws among healthy (positions in s of one model's healthy
-	// candidates, in snapshot order; at least one) at nowMs, turn being
-	// the request's draw.
-	pick(s *Snapshot, healthy []int32, turn uint64, nowMs int64) Pick
+	// candidates, in snapshot order; at least one) at nowMs for a request
+	// of cost, turn being the request's draw.
+	pick(s *Snapshot, healthy []int32, cost Cost, turn uint64, nowMs int64) Pick
 	// loadAt reads candidate i's load (in-flight over its ceiling) at
 	// nowMs as the picks do: board is what the readings say, load adds
 	// what the policy knows of this gateway's own sends.
@@ -53,20 +53,24 @@ type picker interface {
 const (
 	PolicyAgeAware  = "age-aware"
 	PolicyReference = "reference"
+	PolicyLatency   = "latency"
 )
 
 // PolicyNames lists the policies NewPolicy makes, the default first.
-var PolicyNames = []string{PolicyAgeAware, PolicyReference}
+var PolicyNames = []string{PolicyAgeAware, PolicyReference, PolicyLatency}
 
-// NewPolicy makes the policy named name. pace is the gateway's observed
-// service (Service), the unit in which the age-aware policy reads a
-// reading's age; policies that read no ages ignore it.
-func NewPolicy(name string, pace Pace) (Policy, error) {
+// NewPolicy makes the policy named name. service is the gateway's observed
+// service: the unit in which the age-aware and latency policies read a
+// reading's age, and what the latency policy observed of the sites;
+// policies that read neither ignore it.
+func NewPolicy(name string, service *Service) (Policy, error) {
 	switch name {
 	case PolicyAgeAware:
-		return NewAgeAware(pace, AgeAwareOptions{}), nil
+		return NewAgeAware(service, AgeAwareOptions{}), nil
 	case PolicyReference:
 		return Reference{}, nil
+	case PolicyLatency:
+		return NewLatency(service, service), nil
 	}
 	return nil, fmt.Errorf("unknown routing policy %q (want one of %v)", name, PolicyNames)
 }

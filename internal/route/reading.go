@@ -63,6 +63,10 @@ type Reading struct {
 	// Ready is the latest ready count (endpoints of a pool, engines of a
 	// server): the units the ceiling floor is credited per.
 	Ready Opt
+	// PrefillTokens is the prompt tokens waiting for their first token at
+	// LatestAt (signals.PrefillBacklog), absent where the provider does
+	// not publish them.
+	PrefillTokens Opt
 }
 
 // UnitReading is a Reading's capacity evidence per ready unit.
@@ -210,6 +214,11 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 	}
 	if haveReady {
 		r.Ready = plausible(ready.Value)
+	}
+	if r.LatestInFlight.OK {
+		if v := at(v.Series[signals.PrefillBacklog], r.LatestAt); v.OK {
+			r.PrefillTokens = plausible(v.V)
+		}
 	}
 	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {
 		r.Unready = true

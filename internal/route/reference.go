@@ -26,7 +26,7 @@ type referencePicker struct{}
 // of their service rates, but never less than minTwoShare.
 const minTwoShare = 0.1
 
-func (referencePicker) pick(s *Snapshot, healthy []int32, turn uint64, _ int64) Pick {
+func (referencePicker) pick(s *Snapshot, healthy []int32, _ Cost, turn uint64, _ int64) Pick {
 	var room [MaxSites]int32
 	nr := 0
 	for _, i := range healthy {

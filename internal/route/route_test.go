@@ -30,8 +30,12 @@ type world struct {
 	// (Pace.Served); absent, a site's claims are read as they are.
 	served map[string]*Served
 	aa     *AgeAware
-	cands  []Candidate
-	seq    int64
+	// obs, when set, makes the policy the latency policy, reading what
+	// obs observed of the sites (and ages as ageAware does).
+	obs   *Service
+	lat   *Latency
+	cands []Candidate
+	seq   int64
 }
 
 func newWorld(t *testing.T, sites ...string) *world {
@@ -112,6 +116,12 @@ func (w *world) buildDown(now int64, down func(*Candidate) bool) *Snapshot {
 }
 
 func (w *world) policy() Policy {
+	if w.obs != nil {
+		if w.lat == nil {
+			w.lat = NewLatency(w, w.obs)
+		}
+		return w.lat
+	}
 	if !w.ageAware {
 		return Reference{}
 	}
@@ -776,9 +786,9 @@ func TestAgeAwareReadsAgeAtThePick(t *testing.T) {
 // of noise since the reading allow (spread): at most 2 of 40.
 func TestAgeAwareHoldsAPersistingBacklog(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		earlier  float64 // a's queue at the reading before the latest
-		held     bool
+		name    string
+		earlier float64 // a's queue at the reading before the latest
+		held    bool
 	}{{"seen once", 0, false}, {"seen to persist", 8, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, "a", "b")
@@ -866,17 +876,27 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 }
 
 func BenchmarkPick(b *testing.B) {
-	for _, ageAware := range []bool{false, true} {
+	for _, policy := range []string{PolicyReference, PolicyAgeAware, PolicyLatency} {
 		for _, n := range []int{8, 64} {
-			policy := map[bool]string{false: "reference", true: "age-aware"}[ageAware]
 			b.Run(fmt.Sprintf("policy=%s/sites=%d", policy, n), func(b *testing.B) {
 				w := newWorld(&testing.T{})
-				w.ageAware, w.meanMs, w.set.WindowMs = ageAware, 2000, 5000
+				w.ageAware, w.meanMs, w.set.WindowMs = policy != PolicyReference, 2000, 5000
+				if policy == PolicyLatency {
+					// The first site is this one's; the others are a round
+					// trip away, and every request has a size the model knows.
+					w.obs = &Service{}
+					for i := range 64 {
+						w.obs.Costs().Observe(Cost{Prompt: 200 + 50*i, MaxOutput: 100 + i}, 30+0.05*float64(200+50*i), 5*float64(100+i), true)
+					}
+				}
 				for i := range n {
 					site := fmt.Sprintf("s%02d", i)
-					w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}})
+					w.cands = append(w.cands, Candidate{Model: "m", Site: site, Provider: "p", Upstream: &url.URL{Host: site}, Local: policy == PolicyLatency && i == 0})
 					w.publish(site, 1000, obs{running: float64(i % 7), queue: f(0)})
-					if ageAware { // every site read in its own settled unit
+					if w.obs != nil && i > 0 {
+						w.obs.RoundTrip(site).Observe(float64(20 + i))
+					}
+					if w.ageAware { // every site read in its own settled unit
 						if w.siteMs == nil {
 							w.siteMs = map[string]float64{}
 						}
@@ -886,9 +906,10 @@ func BenchmarkPick(b *testing.B) {
 				snap := w.build(1000)
 				b.ReportAllocs()
 				turn := uint64(0)
+				cost := Cost{Prompt: 800, MaxOutput: 200}
 				for b.Loop() {
 					turn++
-					snap.Pick("m", turn, 1000+int64(turn%1000)) // time moves, as on the request path
+					snap.PickSized("m", cost, turn, 1000+int64(turn%1000)) // time moves, as on the request path
 				}
 			})
 		}
@@ -1040,12 +1061,20 @@ func ownInFlight(snap *Snapshot, now int64) (total float64) {
 // own-send counters, so repeated picks at one instant read the same loads.
 func boardOnly(snap *Snapshot) *Snapshot {
 	r := *snap
-	if pk, ok := snap.picker.(*ageAwarePicker); ok {
-		bare := &ageAwarePicker{cands: append([]ageCandidate(nil), pk.cands...)}
-		for i := range bare.cands {
-			bare.cands[i].own = nil
+	bare := func(pk *ageAwarePicker) *ageAwarePicker {
+		b := &ageAwarePicker{cands: append([]ageCandidate(nil), pk.cands...)}
+		for i := range b.cands {
+			b.cands[i].own = nil
 		}
-		r.picker = bare
+		return b
+	}
+	switch pk := snap.picker.(type) {
+	case *ageAwarePicker:
+		r.picker = bare(pk)
+	case *latencyPicker:
+		lp := *pk
+		lp.ageAwarePicker = bare(pk.ageAwarePicker)
+		r.picker = &lp
 	}
 	return &r
 }

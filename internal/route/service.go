@@ -34,7 +34,44 @@ type Service struct {
 	// served maps a remote site and model (servedKey) to its *Served,
 	// made on its first request, dropped with the topology (Retain).
 	served sync.Map
+	// roundTrips maps a peer site to its *RoundTrip and waits a site to
+	// its *WaitCurve, each made on first use and dropped with the
+	// topology (Retain); costs is what a request's size costs. The
+	// latency policy's Observed.
+	roundTrips, waits sync.Map
+	costs             CostModel
 }
+
+// RoundTrip is the round trip to site's gateway, made on first use: the
+// gateway's probes of its peers write it.
+func (s *Service) RoundTrip(site string) *RoundTrip {
+	if v, ok := s.roundTrips.Load(site); ok {
+		return v.(*RoundTrip)
+	}
+	v, _ := s.roundTrips.LoadOrStore(site, &RoundTrip{})
+	return v.(*RoundTrip)
+}
+
+// RoundTripMs is the round trip to site's gateway, when measured.
+func (s *Service) RoundTripMs(site string) (float64, bool) {
+	v, ok := s.roundTrips.Load(site)
+	if !ok {
+		return 0, false
+	}
+	return v.(*RoundTrip).Ms()
+}
+
+// Waits is the waits observed at site, made on first use.
+func (s *Service) Waits(site string) *WaitCurve {
+	if v, ok := s.waits.Load(site); ok {
+		return v.(*WaitCurve)
+	}
+	v, _ := s.waits.LoadOrStore(site, &WaitCurve{})
+	return v.(*WaitCurve)
+}
+
+// Costs is what a request's size costs in time, learned from streams.
+func (s *Service) Costs() *CostModel { return &s.costs }
 
 // servedKey names one remote site's service of one model.
 type servedKey struct{ site, model string }
@@ -69,6 +106,25 @@ func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64
 		least = firstTokenMs
 	}
 	return firstTokenMs - least, unitMs
+}
+
+// WaitedFor is how long a stream of cost from site waited before its
+// first token, firstTokenMs after it was sent: less the round trip to the
+// site's gateway (remote), and less what a request of its size takes to
+// its first token without a wait (CostModel.FirstTokenMs), or, until
+// that is known, the least first token of the site's recent streams. It
+// is what a WaitCurve learns.
+func (s *Service) WaitedFor(site string, remote bool, c Cost, firstTokenMs float64) float64 {
+	waited := firstTokenMs
+	if base, ok := s.costs.FirstTokenMs(c); ok {
+		waited -= base
+		if rtt, ok := s.RoundTripMs(site); remote && ok {
+			waited -= rtt
+		}
+	} else if least := s.site(site).leastFirstToken(); !math.IsInf(least, 1) {
+		waited -= least // the site's own least, its round trip in it
+	}
+	return max(waited, 0)
 }
 
 // Observe records a whole answer from site (ServiceTime.Observe).
@@ -109,6 +165,14 @@ func (s *Service) Retain(live func(site string) bool) {
 		}
 		return true
 	})
+	for _, m := range []*sync.Map{&s.roundTrips, &s.waits} {
+		m.Range(func(k, _ any) bool {
+			if !live(k.(string)) {
+				m.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // site is site's estimate, made on first use.

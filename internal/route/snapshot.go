@@ -99,8 +99,12 @@ type Candidate struct {
 	// backlogMs is how long the backlog of the latest reading had been
 	// seen to persist by then (0 without a backlog).
 	backlogMs int64
-	Full      Tri
-	Relieved  Tri
+	// units is the latest ready count (at least 1), and prefillTokens the
+	// prompt tokens the latest reading says wait for their first token
+	// (-1: not published).
+	units, prefillTokens float64
+	Full                 Tri
+	Relieved             Tri
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
 	Learnable bool
@@ -463,10 +467,14 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
 	c.Measured = true
 	c.Capacity, c.Ceiling, c.Rho, c.RawRho, c.InFlight = effective, effective, rho, raw, r.InFlight.V
+	c.units, c.prefillTokens = units, -1
 	if r.LatestInFlight.OK {
 		c.latestAt, c.latestInFlight = r.LatestAt, r.LatestInFlight.V
 		if r.CongestedSince.OK {
 			c.backlogMs = r.LatestAt - int64(r.CongestedSince.V)
+		}
+		if r.PrefillTokens.OK {
+			c.prefillTokens = r.PrefillTokens.V
 		}
 	}
 }

@@ -14,8 +14,12 @@ import (
 // Grid is a set of experiments: every combination of its phase modes,
 // gateway counts, loads, board ages and policies, each run over Seeds seeds.
 type Grid struct {
-	Slots    []int
-	Sigma    float64
+	Slots []int
+	Sigma float64
+	// Sizes and RTT are Config's: every gateway told each request's
+	// size, and the round trip to sites but a gateway's own.
+	Sizes    bool
+	RTT      float64
 	Scenario Change
 	Phases   []Phases
 	Gateways []int
@@ -40,8 +44,9 @@ type Cell struct {
 	MeanCI   float64
 	P99      float64
 	// WaitP99 is the mean of the seeds' p99 waits before service (the
-	// time to first token).
-	WaitP99 float64
+	// time to first token); Local the mean share served at the site of
+	// the gateway that took them (with a round trip).
+	WaitP99, Local float64
 }
 
 // Run runs every cell, the seeds of all cells spread over the CPUs, and
@@ -74,7 +79,7 @@ func (g Grid) Run() []Cell {
 			for j := range jobs {
 				c := cells[j.cell]
 				results[j.cell][j.seed] = Run(Config{Slots: g.Slots, Load: c.Load, Gateways: c.Gateways, BoardAge: c.T, Phases: c.Phases,
-					Requests: g.Requests, Seed: g.Seed + uint64(j.seed), Sigma: g.Sigma, Scenario: g.Scenario, Policy: c.Policy})
+					Requests: g.Requests, Seed: g.Seed + uint64(j.seed), Sigma: g.Sigma, Sizes: g.Sizes, RTT: g.RTT, Scenario: g.Scenario, Policy: c.Policy})
 			}
 		}()
 	}
@@ -86,31 +91,35 @@ func (g Grid) Run() []Cell {
 	close(jobs)
 	wg.Wait()
 	for i := range cells {
-		cells[i].Mean, cells[i].MeanCI, cells[i].P99, cells[i].WaitP99 = summarise(results[i])
+		cells[i].Mean, cells[i].MeanCI, cells[i].P99, cells[i].WaitP99, cells[i].Local = summarise(results[i])
 	}
 	return cells
 }
 
 // summarise returns the mean of the runs' means with the half-width of its
-// 95% interval (Student's t), and the means of their p99s and p99 waits.
-func summarise(rs []Result) (mean, ci, p99, waitP99 float64) {
+// 95% interval (Student's t), and the means of their p99s, p99 waits and
+// local shares.
+func summarise(rs []Result) (mean, ci, p99, waitP99, local float64) {
 	means := make([]float64, len(rs))
 	for i, r := range rs {
 		means[i] = r.Mean
 		p99 += r.P99
 		waitP99 += r.WaitP99
+		local += r.Local
 	}
 	mean, ci = stats.MeanInterval95(means)
-	return mean, ci, p99 / float64(len(rs)), waitP99 / float64(len(rs))
+	n := float64(len(rs))
+	return mean, ci, p99 / n, waitP99 / n, local / n
 }
 
 // WriteTSV writes one line per cell after a header: policy, phases,
-// gateways, load, T, mean, the half-width of its 95% interval, p99, and
-// the p99 wait before service.
+// gateways, load, T, mean, the half-width of its 95% interval, p99, the
+// p99 wait before service, and the share served locally (0 without a
+// round trip).
 func WriteTSV(w io.Writer, cells []Cell) {
-	fmt.Fprintln(w, "policy\tphases\tgateways\tload\tT\tmean\tmean_ci\tp99\twait_p99")
+	fmt.Fprintln(w, "policy\tphases\tgateways\tload\tT\tmean\tmean_ci\tp99\twait_p99\tlocal")
 	for _, c := range cells {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%g\t%g\t%.4f\t%.4f\t%.3f\t%.3f\n", c.Policy, c.Phases, c.Gateways, c.Load, c.T, c.Mean, c.MeanCI, c.P99, c.WaitP99)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%g\t%g\t%.4f\t%.4f\t%.3f\t%.3f\t%.3f\n", c.Policy, c.Phases, c.Gateways, c.Load, c.T, c.Mean, c.MeanCI, c.P99, c.WaitP99, c.Local)
 	}
 }
 

@@ -38,7 +38,11 @@ const (
 	LeastConn = "least-conn"
 	Reference = "reference"
 	AgeAware  = "age-aware"
-	Oracle    = "oracle"
+	// Latency is the latency policy: predicted time to first token, each
+	// gateway's own site preferred by the round trip (Config.RTT), its
+	// own sends weighed by their sizes (Config.Sizes).
+	Latency = "latency"
+	Oracle  = "oracle"
 
 	// The variants that add this gateway's own sends since the reading to
 	// what the board says (JSQ, P2C), and the default without them.
@@ -48,7 +52,7 @@ const (
 )
 
 // Policies lists every policy, in table order.
-var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Oracle}
+var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Latency, Oracle}
 
 // Phases is when the readings a gateway sees refresh.
 type Phases string
@@ -136,16 +140,28 @@ type Config struct {
 	Seed     uint64
 	// Sigma selects lognormal service times of that σ; 0 is exponential.
 	// Both have mean 1.
-	Sigma    float64
+	Sigma float64
+	// Sizes tells each gateway every request's size (its service demand,
+	// as a request's max_tokens would), which the latency policy weighs
+	// its own sends by.
+	Sizes bool
+	// RTT is the round trip, in mean durations, from each gateway to
+	// every site but its own (gateway k's is site k mod the site count):
+	// a request sent to another site waits it more before its first token
+	// and its end. 0 is none, and no gateway has a site of its own.
+	RTT      float64
 	Scenario Change
 	Policy   string
 }
 
 // Result is what a run measured, in mean request durations: the time in
 // system's mean and p99, and the p99 of the wait before service began
-// (the time to first token, no prefill being modelled).
+// (the time to first token, no prefill being modelled, a round trip
+// included); with Config.RTT, Local is the share of requests served by
+// the site of the gateway that took them.
 type Result struct {
 	Mean, P99, WaitP99 float64
+	Local              float64
 }
 
 // unit is one mean request duration on the gateways' millisecond timeline.
@@ -211,6 +227,11 @@ type request struct {
 	// sender is the gateway that sent it: after a restart, no longer
 	// gws[gw].
 	sender *gateway
+	// rtt is the round trip it pays (Config.RTT; 0 at its gateway's own
+	// site); cost and load what its pick was told and read.
+	rtt  float64
+	cost route.Cost
+	load route.Opt
 }
 
 type site struct {
@@ -275,9 +296,12 @@ func Run(cfg Config) Result {
 			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
-		if cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn {
+		switch cfg.Policy {
+		case AgeAware, AgeAwareNoOwn:
 			// The ablation reads the board alone.
 			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn})
+		case Latency:
+			policy = route.NewLatency(g.service, g.service)
 		}
 		g.builder = route.NewBuilder(policy)
 		for i := range sites {
@@ -285,8 +309,28 @@ func Run(cfg Config) Result {
 		}
 		return g
 	}
+	// home is gateway k's own site with round trips, -1 without.
+	home := func(k int) int {
+		if cfg.RTT > 0 {
+			return k % len(sites)
+		}
+		return -1
+	}
+	// placeAt makes g gateway k: its own site's candidate local, the
+	// round trip to every other site measured.
+	placeAt := func(g *gateway, k int) *gateway {
+		if h := home(k); h >= 0 {
+			g.cands[h].Local = true
+			for i := range sites {
+				if i != h {
+					g.service.RoundTrip(g.cands[i].Site).Observe(cfg.RTT * unit)
+				}
+			}
+		}
+		return g
+	}
 	for k := range gws {
-		gws[k] = newGateway()
+		gws[k] = placeAt(newGateway(), k)
 	}
 	// published is each site's latest reading as its operator holds it:
 	// what a gateway that restarts reads first.
@@ -300,7 +344,7 @@ func Run(cfg Config) Result {
 	poll := math.Min(cfg.BoardAge, 0.1)
 	// Only the policies that run the gateway's routing stack need its
 	// store and snapshots; the baselines read the board directly.
-	stack := cfg.Policy == Reference || cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn
+	stack := cfg.Policy == Reference || cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn || cfg.Policy == Latency
 	switch cfg.Phases {
 	case PhasesSync:
 		push(event{at: phaseRng.Float64() * T, kind: refresh, gw: -1, site: -1})
@@ -369,6 +413,7 @@ func Run(cfg Config) Result {
 		return arrivalRng.ExpFloat64()
 	}
 	var times, waits []float64
+	var local []bool // whether each measured request was served at its gateway's own site
 	arrivals := 0
 	var now float64
 	// startQueued starts site i's queued requests while it has free slots.
@@ -414,13 +459,22 @@ func Run(cfg Config) Result {
 			}
 			k := arrivalRng.IntN(len(gws))
 			demand := service()
-			i := choose(cfg.Policy, gws[k], sites, rng, now)
+			var cost route.Cost
+			if cfg.Sizes {
+				// A token a millisecond of a mean duration's thousand.
+				cost.MaxOutput = max(1, int(math.Round(demand*unit)))
+			}
+			i, load := choose(cfg.Policy, gws[k], sites, rng, now, cost)
 			gws[k].own[i]++
 			gws[k].inFlight[i]++
 			if stack {
 				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin()
 			}
-			admit(i, request{arrived: now, service: demand * sites[i].slowdown, gw: k, sender: gws[k]})
+			r := request{arrived: now, service: demand * sites[i].slowdown, gw: k, sender: gws[k], cost: cost, load: load}
+			if h := home(k); h >= 0 && i != h {
+				r.rtt = cfg.RTT
+			}
+			admit(i, r)
 		case external:
 			if !externalOn {
 				break
@@ -455,10 +509,12 @@ func Run(cfg Config) Result {
 			if e.req.gw < 0 {
 				break // an external request: no gateway sent it
 			}
+			d += e.req.rtt
 			if e.req.arrived >= measureFrom && e.req.arrived < measureUntil {
 				times = append(times, d)
 				waits = append(waits, d-e.req.service)
 				pending--
+				local = append(local, e.req.rtt == 0)
 			}
 			// Every request streams; its first token comes as its service
 			// starts (no prefill modelled), so the gateway sees the wait
@@ -472,6 +528,10 @@ func Run(cfg Config) Result {
 				// estimates, as the gateway does.
 				waited, u := g.service.Waited(name, true, wait, wait+served)
 				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
+				if e.req.load.OK {
+					g.service.Waits(name).Observe(e.req.load.V, g.service.WaitedFor(name, e.req.rtt > 0, e.req.cost, wait))
+				}
+				g.service.Costs().Observe(e.req.cost, wait-e.req.rtt*unit, served, wait <= e.req.rtt*unit)
 			}
 			g.service.ObserveStream(name, wait, served)
 		case refresh:
@@ -505,7 +565,7 @@ func Run(cfg Config) Result {
 			push(event{at: now + poll, kind: rebuild, gw: e.gw})
 		case restart:
 			for k := range gws {
-				g := newGateway()
+				g := placeAt(newGateway(), k)
 				for i, r := range published {
 					g.board[i] = r.inSystem
 				}
@@ -527,6 +587,7 @@ func Run(cfg Config) Result {
 		// Drop the warm-up tenth.
 		times = times[len(times)/10:]
 		waits = waits[len(waits)/10:]
+		local = local[len(local)/10:]
 	}
 	var sum float64
 	for _, t := range times {
@@ -535,7 +596,17 @@ func Run(cfg Config) Result {
 	slices.Sort(times)
 	slices.Sort(waits)
 	p99 := func(sorted []float64) float64 { return sorted[int(0.99*float64(len(sorted)-1))] }
-	return Result{Mean: sum / float64(len(times)), P99: p99(times), WaitP99: p99(waits)}
+	res := Result{Mean: sum / float64(len(times)), P99: p99(times), WaitP99: p99(waits)}
+	if cfg.RTT > 0 {
+		n := 0
+		for _, l := range local {
+			if l {
+				n++
+			}
+		}
+		res.Local = float64(n) / float64(len(local))
+	}
+	return res
 }
 
 // ingest feeds the gateway the rows an operator would relay for one site
@@ -567,21 +638,30 @@ func (g *gateway) ingest(published []reading, only int, now float64) {
 	g.store.Ingest([]byte(b.String()), ms, ms, ms, signals.Origin{Site: "hub", Relay: true})
 }
 
-// choose routes one request by policy.
-func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64) int {
+// choose routes one request of cost by policy, and returns the site and
+// the load the policy read it at (where it reads one).
+func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64, cost route.Cost) (int, route.Opt) {
 	switch policy {
-	case Reference, AgeAware, AgeAwareNoOwn:
+	case Reference, AgeAware, AgeAwareNoOwn, Latency:
 		if g.snap == nil {
-			return rng.IntN(len(sites))
+			return rng.IntN(len(sites)), route.Opt{}
 		}
 		g.turn++
-		p := g.snap.Pick("m", g.turn, int64(now*unit))
+		p := g.snap.PickSized("m", cost, g.turn, int64(now*unit))
 		if p.Candidate == nil {
-			return rng.IntN(len(sites))
+			return rng.IntN(len(sites)), route.Opt{}
 		}
 		var i int
 		fmt.Sscanf(p.Candidate.Site, "s%02d", &i)
-		return i
+		return i, p.Load
+	}
+	return chooseBaseline(policy, g, sites, rng), route.Opt{}
+}
+
+// chooseBaseline routes one request by a policy that reads the board
+// directly, or nothing.
+func chooseBaseline(policy string, g *gateway, sites []site, rng *rand.Rand) int {
+	switch policy {
 	case WeightedRR:
 		// Smooth weighted round robin by slots.
 		total, best := 0.0, 0

@@ -24,6 +24,13 @@ const (
 	TTFTP90        = "grid_provider_ttft_p90_seconds"
 	TPOT           = "grid_provider_tpot_seconds"
 	ErrorRatio     = "grid_provider_error_ratio"
+	// PrefillBacklog is the uncached prompt tokens the provider holds that
+	// have not had their first token: what a new request waits behind to
+	// be prefilled (docs/protocol.md §2.2). Published where the backend
+	// says it (the EPP's in-flight tokens, SGLang's waiting uncached
+	// tokens); a receiver that does not know it drops it, counted, and
+	// one that gets none reads the provider by its request counts.
+	PrefillBacklog = "grid_provider_prefill_backlog_tokens"
 	// ConfigGeneration is the batch metadata line (§2.3).
 	ConfigGeneration = "grid_provider_config_generation"
 	// Info declares what a provider serves: label model, value 1. It is how
@@ -59,7 +66,7 @@ const (
 // the seed's KV-cache term, and the provider info line that names the model
 // (decisions recorded in docs/signals.md).
 var ContractNames = []string{
-	Ready, ReadyEndpoints, InFlight, TTFTP50, TTFTP90, TPOT, ErrorRatio,
+	Ready, ReadyEndpoints, InFlight, TTFTP50, TTFTP90, TPOT, ErrorRatio, PrefillBacklog,
 	LegacyAverageQueue, EPPAverageQueue, LegacyAverageRunning, EPPAverageRunning,
 	LegacyAverageKV, EPPAverageKV, EPPReadyEndpoints, LegacyReadyPods,
 	EPPFlowControlQueue, LegacyPerPodQueue, EPPPerEndpointQueue,

@@ -29,8 +29,9 @@ type Engine struct {
 	running int
 	queue   []*ticket
 	kvUsed  int
-	// waitingTokens is the prompt tokens of queued requests (SGLang's
-	// num_waiting_uncached_tokens, counted whole: a queued prompt's cache
+	// waitingTokens is the prompt tokens of queued requests (with those
+	// admitted and not yet prefilled, SGLang's
+	// num_waiting_uncached_tokens; counted whole: a queued prompt's cache
 	// hits are known only once it runs).
 	waitingTokens int
 	stats         engineStats
@@ -39,6 +40,13 @@ type Engine struct {
 	// cacheHits count prompt tokens looked up and found in it.
 	cache                   *prefixCache
 	cacheQueries, cacheHits int64
+	// sharedPrefill: prompts are prefilled one at a time (Options), the
+	// next free at prefillFreeAt; set before the engine serves.
+	// prefillPerToken is the last prefill's time per token, which turns
+	// what is left of that line into the tokens in it.
+	sharedPrefill   bool
+	prefillFreeAt   time.Time
+	prefillPerToken time.Duration
 }
 
 type ticket struct {
@@ -60,7 +68,8 @@ type Load struct {
 	Slots      int
 	KVUsed     int
 	KVCapacity int
-	// WaitingTokens is the prompt tokens of queued requests.
+	// WaitingTokens is the prompt tokens of queued requests, and under
+	// shared prefill of those admitted and not yet prefilled.
 	WaitingTokens int
 	// GenThroughput is generated tokens per second over the last few seconds.
 	GenThroughput float64
@@ -90,14 +99,15 @@ func (l Load) KVUsage() float64 {
 func (e *Engine) Load() Load {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now := e.clk.Now()
 	return Load{
 		Running:       e.running,
 		Waiting:       len(e.queue),
 		Slots:         e.slots,
 		KVUsed:        e.kvUsed,
 		KVCapacity:    e.slots * kvTokensPerSlot,
-		WaitingTokens: e.waitingTokens,
-		GenThroughput: e.gen.rate(e.clk.Now()),
+		WaitingTokens: e.waitingTokens + e.prefillingTokens(now),
+		GenThroughput: e.gen.rate(now),
 		CacheQueries:  e.cacheQueries,
 		CacheHits:     e.cacheHits,
 	}
@@ -117,7 +127,33 @@ func (e *Engine) prefill(j job, ttft, perToken time.Duration) time.Duration {
 	// vLLM counts with prefix caching on and nothing cached.
 	e.cacheQueries += int64(j.promptTokens)
 	e.cacheHits += int64(cached)
-	return ttft + time.Duration(j.promptTokens-cached)*perToken
+	d := time.Duration(j.promptTokens-cached) * perToken
+	if !e.sharedPrefill {
+		return ttft + d
+	}
+	// One prompt at a time: this one starts when those admitted before it
+	// are done. A request cancelled meanwhile keeps its turn (the engine
+	// prefills what it was given).
+	now := e.clk.Now()
+	e.prefillFreeAt = later(e.prefillFreeAt, now).Add(d)
+	e.prefillPerToken = perToken
+	return ttft + e.prefillFreeAt.Sub(now)
+}
+
+// prefillingTokens is the prompt tokens admitted and not yet prefilled
+// (shared prefill); e.mu is held.
+func (e *Engine) prefillingTokens(now time.Time) int {
+	if !e.sharedPrefill || e.prefillPerToken <= 0 || !e.prefillFreeAt.After(now) {
+		return 0
+	}
+	return int(e.prefillFreeAt.Sub(now) / e.prefillPerToken)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // setSlots changes capacity; added slots admit waiting requests at once,

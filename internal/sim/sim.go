@@ -49,6 +49,11 @@ type Options struct {
 	// engine's prefix cache does not hold, on top of TTFT; 0 makes
 	// prefill TTFT whatever the prompt.
 	PrefillPerToken time.Duration
+	// SharedPrefill makes an engine prefill one prompt at a time, in the
+	// order its requests got their slots, as an engine's compute is one:
+	// a prompt waits for those admitted before it to be prefilled. Off,
+	// each running request prefills on its own.
+	SharedPrefill bool
 	// PrefixCacheTokens sizes each engine's prefix cache (least recently
 	// used blocks of 16 tokens evicted); 0 is no cache.
 	PrefixCacheTokens int
@@ -188,6 +193,7 @@ func New(opts Options) (*Sim, error) {
 func (s *Sim) newEngine(i int) *Engine {
 	e := newEngine(s.engineName(i), s.control.Slots, s.clk)
 	e.cache = newPrefixCache(s.opts.PrefixCacheTokens)
+	e.sharedPrefill = s.opts.SharedPrefill
 	e.stats.created = s.clk.Now()
 	e.onFree = s.dispatchHeld
 	return e

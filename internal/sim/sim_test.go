@@ -852,3 +852,43 @@ func TestControlLogShowsValues(t *testing.T) {
 		t.Errorf("control log:\n%s\nwant readyEndpoints=0, then =truth, and no pointers", out)
 	}
 }
+
+// TestSharedPrefillQueuesPrompts: with shared prefill an engine prefills
+// one prompt at a time, so of two long prompts admitted together the
+// second's first token waits for both prefills; each on its own, they
+// prefill side by side.
+func TestSharedPrefillQueuesPrompts(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		s, err := New(Options{Kind: KindSGLang, Slots: 4, TTFT: time.Millisecond, TPOT: time.Millisecond,
+			PrefillPerToken: 100 * time.Microsecond, SharedPrefill: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(s.Handler())
+		prompt := strings.Repeat("word ", 1600) // 2,000 tokens: 200 ms of prefill
+		body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":2,"prompt":%q}`, DefaultModel, prompt)
+		firsts := make(chan time.Duration, 2)
+		start := time.Now()
+		for range 2 {
+			go func() {
+				resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					firsts <- 0
+					return
+				}
+				defer resp.Body.Close()
+				bufio.NewReader(resp.Body).ReadString('\n')
+				firsts <- time.Since(start)
+				io.Copy(io.Discard, resp.Body)
+			}()
+		}
+		last := max(<-firsts, <-firsts)
+		srv.Close()
+		switch {
+		case shared && last < 380*time.Millisecond:
+			t.Errorf("shared prefill: the later first token came after %v, want both prefills (400 ms)", last)
+		case !shared && last > 380*time.Millisecond:
+			t.Errorf("prefill per request: the later first token came after %v, want one prefill (200 ms)", last)
+		}
+	}
+}

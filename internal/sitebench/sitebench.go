@@ -48,6 +48,7 @@ type Router struct {
 var Routers = []Router{
 	{Name: "grid"},
 	{Name: "grid:reference", Policy: "reference"},
+	{Name: "grid:latency", Policy: "latency"},
 	{Name: "nginx-wrr", Nginx: true},
 	{Name: "nginx-least-conn", Nginx: true, LeastConn: true},
 	{Name: "nginx-local", Nginx: true, LocalOnly: true},
@@ -58,18 +59,22 @@ type Scenario string
 
 // Scenarios.
 const (
-	Steady        Scenario = "steady"
-	ExternalLoad  Scenario = "external-load"
-	CapacityDrop  Scenario = "capacity-drop"
-	SiteFailure   Scenario = "site-failure"
-	RestartAll    Scenario = "restart"
-	ColdStart     Scenario = "cold-start"
-	WAN           Scenario = "wan"
+	Steady       Scenario = "steady"
+	ExternalLoad Scenario = "external-load"
+	CapacityDrop Scenario = "capacity-drop"
+	SiteFailure  Scenario = "site-failure"
+	RestartAll   Scenario = "restart"
+	ColdStart    Scenario = "cold-start"
+	WAN          Scenario = "wan"
+	// MixedPrompts: prompts from 100 to 30,000 tokens (MixedPromptSizes),
+	// the sims prefilling one prompt at a time per engine, so that a long
+	// prompt holds up the first token of every request behind it.
+	MixedPrompts  Scenario = "mixed-prompts"
 	baselineRoute          = "nginx-wrr"
 )
 
 // Scenarios lists every scenario, in the order the tables print them.
-var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart, WAN}
+var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart, WAN, MixedPrompts}
 
 // Config is one benchmark.
 type Config struct {
@@ -189,7 +194,11 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	if err != nil {
 		return Result{}, err
 	}
-	st := &stack{bin: cfg.Binary, dir: dir, timing: cfg.Timing, sites: sites, router: router}
+	timing, sizes := cfg.Timing, DefaultSizes
+	if sc == MixedPrompts {
+		timing.SharedPrefill, sizes = true, MixedPromptSizes
+	}
+	st := &stack{bin: cfg.Binary, dir: dir, timing: timing, sites: sites, router: router}
 	defer st.close()
 	slots := 0
 	var entries []string
@@ -202,7 +211,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		warmup = 0
 	}
 	seed := cfg.Seed + uint64(run)*0x9E3779B97F4A7C15
-	w := NewWorkload(seed, warmup+cfg.Duration, cfg.Load, slots, len(entries), cfg.Arrivals, cfg.Timing)
+	w := NewWorkload(seed, warmup+cfg.Duration, cfg.Load, slots, len(entries), cfg.Arrivals, timing, sizes)
 	if err := st.startSims(); err != nil {
 		return Result{}, err
 	}
@@ -256,7 +265,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			if at(warmup + third) {
 				// Clients of the biggest site send it half its capacity
 				// directly, for a third of the run.
-				ext := NewWorkload(seed^0xE7, third, 0.5, biggest.slots, 1, Poisson, cfg.Timing)
+				ext := NewWorkload(seed^0xE7, third, 0.5, biggest.slots, 1, Poisson, timing, sizes)
 				direct := newGenerator([]string{biggest.sim}, sites, nil)
 				direct.unmeasured = true
 				<-direct.start(ctx, ext)
@@ -310,7 +319,9 @@ func writeRequests(file string, outs []outcome) error {
 	slices.SortFunc(outs, func(a, b outcome) int { return int(a.at - b.at) })
 	var b strings.Builder
 	b.WriteString("at_ms\tentry_site\tsite\tttft_ms\te2e_ms\tprompt_tokens\toutput_tokens\terror\n")
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
+	}
 	for _, o := range outs {
 		fmt.Fprintf(&b, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", ms(o.at), o.entrySite, o.site, ms(o.ttft), ms(o.e2e), o.prompt, o.output, o.err)
 	}

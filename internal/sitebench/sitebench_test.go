@@ -13,12 +13,12 @@ import (
 // rate offers the asked load of the sims' capacity; sizes are heavy-tailed
 // around their medians.
 func TestWorkloadIsSeededAndLoaded(t *testing.T) {
-	a := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming)
-	b := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming)
+	a := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming, DefaultSizes)
+	b := NewWorkload(7, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming, DefaultSizes)
 	if len(a.Requests) != len(b.Requests) || a.Requests[100] != b.Requests[100] {
 		t.Fatal("one seed, two sequences")
 	}
-	if c := NewWorkload(8, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming); c.Requests[100] == a.Requests[100] {
+	if c := NewWorkload(8, 10*time.Minute, 0.8, 56, 3, Poisson, DefaultTiming, DefaultSizes); c.Requests[100] == a.Requests[100] {
 		t.Error("another seed, the same sequence")
 	}
 	var busy time.Duration
@@ -53,8 +53,8 @@ func TestWorkloadIsSeededAndLoaded(t *testing.T) {
 
 // TestBurstyArrivalsComeInBursts: the same mean rate, in on thirds.
 func TestBurstyArrivalsComeInBursts(t *testing.T) {
-	p := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Poisson, DefaultTiming)
-	b := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Bursty, DefaultTiming)
+	p := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Poisson, DefaultTiming, DefaultSizes)
+	b := NewWorkload(3, 10*time.Minute, 0.8, 56, 1, Bursty, DefaultTiming, DefaultSizes)
 	if r := float64(len(b.Requests)) / float64(len(p.Requests)); r < 0.85 || r > 1.15 {
 		t.Errorf("bursty has %d requests to Poisson's %d: the mean rate moved", len(b.Requests), len(p.Requests))
 	}

@@ -265,10 +265,14 @@ func (st *stack) startSims() error {
 }
 
 func (st *stack) startSim(s *site) error {
-	p, err := startProc(s.name+" sim", st.bin, "sim", "--kind", "epp", "--listen", s.sim, "--model", Model,
+	args := []string{"sim", "--kind", "epp", "--listen", s.sim, "--model", Model,
 		"--endpoints", fmt.Sprint(s.endpoints), "--slots", fmt.Sprint(s.perEngine),
 		"--ttft", st.timing.TTFT.String(), "--tpot", st.timing.TPOT.String(), "--prefill-per-token", st.timing.PrefillPerToken.String(),
-		"--refresh-interval", st.timing.EPPRefresh.String())
+		"--refresh-interval", st.timing.EPPRefresh.String()}
+	if st.timing.SharedPrefill {
+		args = append(args, "--shared-prefill")
+	}
+	p, err := startProc(s.name+" sim", st.bin, args...)
 	if err != nil {
 		return err
 	}
