@@ -82,68 +82,95 @@ func (m *CostModel) Observe(c Cost, firstTokenMs, decodeMs float64, room bool) {
 	m.meanDecode, m.nAll = ewma(m.meanDecode, n, decodeMs)
 }
 
-// prefill is the slope (ms per prompt token, at least 0) and intercept of
-// the time to first token over the prompt; m.mu is held.
-func (m *CostModel) prefill() (perToken, base float64, ok bool) {
-	if m.n < costMinSamples {
-		return 0, 0, false
+// CostRates are a CostModel's estimates at one moment: what a pick reads,
+// without the model's lock (the latency policy takes them once per
+// snapshot). The zero value knows nothing: every request weighs 1.
+type CostRates struct {
+	// perToken is the prefill of a prompt token, base the time to first
+	// token of an empty prompt (ms), known once prefillOK.
+	perToken, base float64
+	prefillOK      bool
+	// perMaxToken is the decode per token of a request's output limit,
+	// plainDecode the decode of a request that sets none (ms), each known
+	// once its ok is set; mean is the mean request's work (ms).
+	perMaxToken, plainDecode float64
+	maxTokenOK, plainOK      bool
+	mean                     float64
+}
+
+// Rates are the model's estimates now.
+func (m *CostModel) Rates() CostRates {
+	if m == nil {
+		return CostRates{}
 	}
-	if v := m.mxx - m.mx*m.mx; v > 0 {
-		perToken = max((m.mxy-m.mx*m.my)/v, 0)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var r CostRates
+	if m.n >= costMinSamples {
+		if v := m.mxx - m.mx*m.mx; v > 0 {
+			r.perToken = max((m.mxy-m.mx*m.my)/v, 0)
+		}
+		r.base, r.prefillOK = max(m.my-r.perToken*m.mx, 0), true
 	}
-	return perToken, max(m.my-perToken*m.mx, 0), true
+	r.perMaxToken, r.maxTokenOK = m.perMaxToken, m.nTok >= costMinSamples
+	r.plainDecode, r.plainOK = m.plainDecode, m.nNone >= costMinSamples
+	if r.prefillOK && m.nAll >= costMinSamples {
+		r.mean = r.base + r.perToken*m.meanPrompt + m.meanDecode
+	}
+	return r
 }
 
 // FirstTokenMs is the time to first token of c without a wait (an empty
 // prompt's, plus c's prefill), and whether the model knows it yet.
 func (m *CostModel) FirstTokenMs(c Cost) (float64, bool) {
-	if m == nil {
-		return 0, false
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	perToken, base, ok := m.prefill()
-	return base + perToken*float64(max(c.Prompt, 0)), ok
+	r := m.Rates()
+	return r.FirstTokenMs(c)
 }
 
 // PrefillMs is how long c's prompt takes to prefill beyond an empty one's,
 // 0 while unknown.
 func (m *CostModel) PrefillMs(c Cost) float64 {
-	if m == nil || c.Prompt <= 0 {
-		return 0
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	perToken, _, _ := m.prefill()
-	return perToken * float64(c.Prompt)
+	r := m.Rates()
+	return r.PrefillMs(c)
+}
+
+// Weight is c's work over the mean request's (CostRates.Weight).
+func (m *CostModel) Weight(c Cost) float64 {
+	r := m.Rates()
+	return r.Weight(c)
+}
+
+// FirstTokenMs is the time to first token of c without a wait, and
+// whether it is known.
+func (r *CostRates) FirstTokenMs(c Cost) (float64, bool) {
+	return r.base + r.perToken*float64(max(c.Prompt, 0)), r.prefillOK
+}
+
+// PrefillMs is how long c's prompt takes to prefill beyond an empty one's,
+// 0 while unknown.
+func (r *CostRates) PrefillMs(c Cost) float64 {
+	return r.perToken * float64(max(c.Prompt, 0))
 }
 
 // Weight is c's work over the mean work of the requests observed: what one
 // send of c adds to a site's load, in mean requests. It is 1 until the
 // model has seen enough, and for a request of unknown size.
-func (m *CostModel) Weight(c Cost) float64 {
-	if m == nil || (c.Prompt <= 0 && c.MaxOutput <= 0) {
+func (r *CostRates) Weight(c Cost) float64 {
+	if (c.Prompt <= 0 && c.MaxOutput <= 0) || !(r.mean > 0) {
 		return 1
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	perToken, base, ok := m.prefill()
-	mean := base + perToken*m.meanPrompt + m.meanDecode
-	if !ok || m.nAll < costMinSamples || !(mean > 0) {
-		return 1
-	}
-	work := base + perToken*float64(c.Prompt)
+	work := r.base + r.perToken*float64(max(c.Prompt, 0))
 	switch {
-	case c.MaxOutput > 0 && m.nTok >= costMinSamples:
-		work += m.perMaxToken * float64(c.MaxOutput)
-	case c.MaxOutput <= 0 && m.nNone >= costMinSamples:
-		work += m.plainDecode
+	case c.MaxOutput > 0 && r.maxTokenOK:
+		work += r.perMaxToken * float64(c.MaxOutput)
+	case c.MaxOutput <= 0 && r.plainOK:
+		work += r.plainDecode
 	default:
 		return 1
 	}
 	// A weight is bounded: one request's estimate is not allowed to read
 	// a site as empty, or as full, by itself.
-	return min(max(work/mean, minWeight), maxWeight)
+	return min(max(work/r.mean, minWeight), maxWeight)
 }
 
 // The bounds of a request's weight.

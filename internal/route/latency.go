@@ -20,15 +20,17 @@ const (
 // age as the age-aware policy reads load, and never below the waits this
 // gateway observed there at that load), the prompts its engines must
 // prefill first (signals.PrefillBacklog, drained through the reading's
-// age), and this request's prefill at the site's pace. The local site takes the request while its predicted time is
-// no more than the best remote site's: a remote site must win by more than
-// its round trip. Otherwise the request is drawn as the age-aware policy
-// draws it, each remote site's round trip read as the load that would
-// make a request wait as long. This gateway's own sends count by their
-// estimated work (CostModel.Weight), not one each.
+// age), and this request's prefill at the site's pace. The local site
+// takes the request while its predicted time is no more than the best
+// remote site's: a remote site must win by more than its round trip.
+// Otherwise the request is drawn as the age-aware policy draws it, each
+// remote site's round trip read as the load that would make a request
+// wait as long. This gateway's own sends count by their estimated work
+// (CostRates.Weight), not one each.
 //
 // Its state is the age-aware policy's (own-send counters), and it reads,
-// at each build, each site's round trip and observed waits (Observed).
+// at each build, each site's round trip and observed waits and what a
+// request's size costs (Observed): a pick takes no lock.
 type Latency struct {
 	*AgeAware
 	obs Observed
@@ -50,14 +52,14 @@ type latencyPicker struct {
 	*ageAwarePicker
 	rttMs  []float64
 	waits  []*WaitCurve
-	costs  *CostModel
+	costs  CostRates
 	meanMs float64 // all requests' unit: a site's pace is its unit over it
 }
 
 func (p *Latency) prepare(snap *Snapshot, now int64) picker {
 	lp := &latencyPicker{ageAwarePicker: p.AgeAware.prepare(snap, now).(*ageAwarePicker),
 		rttMs: make([]float64, len(snap.Candidates)), waits: make([]*WaitCurve, len(snap.Candidates)),
-		costs: p.obs.Costs(), meanMs: p.pace.MeanMs()}
+		costs: p.obs.Costs().Rates(), meanMs: p.pace.MeanMs()}
 	if !(lp.meanMs > 0) {
 		lp.meanMs = DefaultServiceMs
 	}
