@@ -25,7 +25,7 @@ func TestBenchSitesSmoke(t *testing.T) {
 		}
 		t.Skip("nginx is not installed (apt-get install nginx-light)")
 	}
-	routers := []string{"grid", "grid:reference", "nginx-wrr", "nginx-least-conn"}
+	routers := []string{"grid", "grid:reference", "grid:latency", "nginx-wrr", "nginx-least-conn"}
 	cmd := exec.Command(gridBinary, "bench", "sites", "--slots", "8,16", "--load", "0.5", "--warmup", "3s", "--duration", "4s",
 		"--routers", strings.Join(routers, ","), "--scenarios", "steady", "--format", "tsv")
 	var out, errOut bytes.Buffer

@@ -69,9 +69,11 @@ const (
 	// MixedPrompts: prompts from 100 to 30,000 tokens (MixedPromptSizes),
 	// the sims prefilling one prompt at a time per engine, so that a long
 	// prompt holds up the first token of every request behind it.
-	MixedPrompts  Scenario = "mixed-prompts"
-	baselineRoute          = "nginx-wrr"
+	MixedPrompts Scenario = "mixed-prompts"
 )
+
+// baselineRoute is the router every ratio is taken against.
+const baselineRoute = "nginx-wrr"
 
 // Scenarios lists every scenario, in the order the tables print them.
 var Scenarios = []Scenario{Steady, ExternalLoad, CapacityDrop, SiteFailure, RestartAll, ColdStart, WAN, MixedPrompts}
