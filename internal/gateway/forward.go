@@ -58,6 +58,7 @@ func (x *exchange) deliver(pick route.Pick) (string, *detachedStream) {
 		switch x.forward(c, began, &ans) {
 		case delivered:
 			if s := ans.detached; s != nil {
+				ob := ob // the stream's own, so the attempt's stays on the stack
 				s.observe = func(whole bool) { g.observeService(&ob, &ans, whole) }
 				return "routed", s
 			}

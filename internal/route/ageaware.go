@@ -31,6 +31,10 @@ type AgeAwareOptions struct {
 	// IgnoreOwnSends reads the board alone (an ablation of the routing
 	// harness: internal/routesim's age-aware-no-own).
 	IgnoreOwnSends bool
+	// Uncertain draws each site by its expected distance below the level,
+	// its predicted load read with the spread of what happened since its
+	// readings (siteWater.spread): the latency policy's reading.
+	Uncertain bool
 }
 
 // NewAgeAware returns the age-aware policy, reading ages in pace's units.
@@ -50,7 +54,8 @@ func (p *AgeAware) forget(keys []loadstore.Key) {
 // ageAwarePicker is one snapshot's reading by the age-aware policy; cands
 // is aligned with the snapshot's candidates.
 type ageAwarePicker struct {
-	cands []ageCandidate
+	cands     []ageCandidate
+	uncertain bool // AgeAwareOptions.Uncertain
 }
 
 // ageCandidate is what the age-aware policy reads of one candidate.
@@ -100,7 +105,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	if d <= 0 {
 		d = DefaultServiceMs
 	}
-	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates))}
+	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates)), uncertain: p.opts.Uncertain}
 	// A site's unit is asked of the pace once per build, not once per
 	// provider: SitePace reads both estimates' windows under their locks.
 	units := map[string]float64{}
@@ -209,7 +214,7 @@ func recordClaims(snap *Snapshot, pk *ageAwarePicker) {
 const levelSlack = 1e-9
 
 func (pk *ageAwarePicker) restrict(r *Snapshot, kept []int32) picker {
-	out := &ageAwarePicker{cands: make([]ageCandidate, len(kept))}
+	out := &ageAwarePicker{cands: make([]ageCandidate, len(kept)), uncertain: pk.uncertain}
 	for k, i := range kept {
 		out.cands[k] = pk.cands[i]
 	}
@@ -255,6 +260,9 @@ type water struct {
 	n           int // sites used
 	// arrivals is the grid's arrivals since the readings, in slots.
 	arrivals float64
+	// uncertain: the draw reads each site's predicted load with its spread
+	// (AgeAwareOptions.Uncertain); else as exact.
+	uncertain bool
 }
 
 // siteWater is one site's bucket.
@@ -439,6 +447,14 @@ func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Cei
 // that share a board spread their requests over the sites the board
 // cannot tell apart instead of pouring them on one prediction.
 //
+// Only the latency policy reads it (AgeAwareOptions.Uncertain). The age-aware
+// policy's model drains a backlog it has stopped holding as its unit says,
+// and the completions that predicts widen the spread most where the model
+// is most wrong: an engine filled by a client's 3 s requests, read by a
+// gateway whose requests take 100 ms, was sent 3 to 6 of 10 requests
+// once its hold ran out (e2e TestRealVLLMSimulatorTwoSites, none before);
+// the harness tables moved by at most 0.01 with it.
+//
 // The variance counts, in requests, the completions the model predicts
 // since the readings (the load they read less the board's drained
 // prediction, as Poisson: a backlog the model holds predicts none) and
@@ -483,11 +499,11 @@ func drain(load, age float64) float64 {
 
 // pick predicts the healthy interpreted candidates' loads at nowMs,
 // adds this gateway's own sends still in flight, and draws among the sites
-// in proportion to the flow each would take to reach the common level
-// (pour): its service rate times its expected distance below the level
-// (spread); then, within the site drawn, among its providers by the room
-// each has for one more request (within). A site predicted above the
-// level is drawn only as far as the noise since its readings allows. A
+// below the common level (pour) in proportion to the flow each would take
+// to reach it: its service rate times its distance below the level; then,
+// within the site drawn, among its providers by the room each has for one
+// more request (within). The active set is the guarantee: a site
+// predicted above the level is not drawn while one below it exists. A
 // "full" flag is not consulted: it latches over the settling window, and
 // excluding on it herds (measured in internal/routesim).
 //
@@ -505,7 +521,7 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 	if n == 0 {
 		return referencePicker{}.pick(s, healthy, cost, turn, nowMs)
 	}
-	var w water
+	w := water{uncertain: pk.uncertain}
 	w.fill(pk, s, group[:n], nowMs, true)
 	level := w.level()
 	return w.draw(pk, s, group[:n], w.byShare(level, turn), turn, nowMs, 1)
@@ -536,16 +552,23 @@ func (w *water) level() float64 {
 }
 
 // byShare draws a site's slot in proportion to the flow each would take
-// to reach level: its service rate times its expected distance below it
-// (spread); with every site at the level, by service rate.
+// to reach level: its service rate times its distance below it (expected,
+// spread, when the water is uncertain); with every site at the level, by
+// service rate.
 func (w *water) byShare(level float64, turn uint64) int {
 	var share [MaxSites]float64
 	total := 0.0
 	for j := range w.sites[:w.n] {
-		if sw := &w.sites[j]; sw.used {
-			share[j] = sw.rate * sw.spread(level)
-			total += share[j]
+		sw := &w.sites[j]
+		if !sw.used {
+			continue
 		}
+		below := max(level-sw.load, 0)
+		if w.uncertain {
+			below = sw.spread(level)
+		}
+		share[j] = sw.rate * below
+		total += share[j]
 	}
 	if total <= levelSlack {
 		// All at the level: by service rate.

@@ -39,7 +39,7 @@ type Latency struct {
 // NewLatency returns the latency policy, reading ages in pace's units and
 // what it observed of the sites in obs.
 func NewLatency(pace Pace, obs Observed) *Latency {
-	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{}), obs: obs}
+	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{Uncertain: true}), obs: obs}
 }
 
 // Name is "latency".
@@ -116,7 +116,7 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 	if n == 0 {
 		return referencePicker{}.pick(s, healthy, cost, turn, nowMs)
 	}
-	var w water
+	w := water{uncertain: pk.uncertain}
 	w.fill(pk.ageAwarePicker, s, group[:n], nowMs, true)
 	var rtt, backlog, lanes [MaxSites]float64
 	var waits [MaxSites]*WaitCurve

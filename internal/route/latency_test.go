@@ -93,11 +93,12 @@ func TestClaimedFastObservedSlowIsReadSlow(t *testing.T) {
 
 // TestLatencyWithoutRoundTripsIsTheDefault: with no site of its own and
 // every request of unknown size, the latency policy draws as the
-// age-aware one does, but for holding a persisting backlog.
+// age-aware one does when that reads the spread of each site's predicted
+// load (AgeAwareOptions.Uncertain), but for holding a persisting backlog.
 func TestLatencyWithoutRoundTripsIsTheDefault(t *testing.T) {
 	run := func(latency bool) map[string]int {
 		w := newWorld(t, "a", "b", "c")
-		w.ageAware, w.meanMs = true, 1000
+		w.ageAware, w.uncertain, w.meanMs = true, true, 1000
 		if latency {
 			w.obs = &Service{}
 		}
