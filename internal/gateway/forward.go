@@ -164,8 +164,8 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 		return
 	}
 	decode := ms(end.Sub(ans.firstByte))
-	if ob.load.OK {
-		g.service.Waits(ob.site).Observe(ob.load.V, g.service.WaitedFor(ob.site, !ob.local, ob.cost, first))
+	if waited, ok := g.service.WaitedFor(ob.site, !ob.local, ob.cost, first); ok && ob.load.OK {
+		g.service.Waits(ob.site).Observe(ob.load.V, waited)
 	}
 	atSite := first // what the size cost, the round trip to a peer aside
 	if rtt, ok := g.service.RoundTripMs(ob.site); !ob.local && ok {

@@ -40,25 +40,32 @@ func TestLatencyPolicyStaysLocalAcrossTheRoundTrip(t *testing.T) {
 				ms := rtt()
 				return ms >= 70 && ms < 500
 			})
-			var mu sync.Mutex
-			served := map[string]int{}
-			var wg sync.WaitGroup
-			for range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 15 {
-						resp, _, err := postChat(east.client, 4, true)
-						if err != nil || resp.StatusCode != 200 {
-							continue
+			// Four clients back to back: 5 requests each while the
+			// gateway learns what they cost and how long they hold a
+			// slot (some cross the round trip then), then 15 counted.
+			clients := func(each int) map[string]int {
+				var mu sync.Mutex
+				served := map[string]int{}
+				var wg sync.WaitGroup
+				for range 4 {
+					wg.Go(func() {
+						for range each {
+							resp, _, err := postChat(east.client, 4, true)
+							if err != nil || resp.StatusCode != 200 {
+								continue
+							}
+							mu.Lock()
+							served[resp.Header.Get("X-Grid-Site")]++
+							mu.Unlock()
 						}
-						mu.Lock()
-						served[resp.Header.Get("X-Grid-Site")]++
-						mu.Unlock()
-					}
-				}()
+					})
+				}
+				wg.Wait()
+				return served
 			}
-			wg.Wait()
+			learning := clients(5)
+			served := clients(15)
+			t.Logf("%s: while learning, served %v", tc.policy, learning)
 			total := served["east"] + served["west"]
 			share := float64(served["east"]) / float64(max(total, 1))
 			t.Logf("%s: served %v (east %.2f), round trip to west %.0f ms", tc.policy, served, share, rtt())

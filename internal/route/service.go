@@ -111,20 +111,22 @@ func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64
 // WaitedFor is how long a stream of cost from site waited before its
 // first token, firstTokenMs after it was sent: less the round trip to the
 // site's gateway (remote), and less what a request of its size takes to
-// its first token without a wait (CostModel.FirstTokenMs), or, until
-// that is known, the least first token of the site's recent streams. It
-// is what a WaitCurve learns.
-func (s *Service) WaitedFor(site string, remote bool, c Cost, firstTokenMs float64) float64 {
-	waited := firstTokenMs
-	if base, ok := s.costs.FirstTokenMs(c); ok {
-		waited -= base
-		if rtt, ok := s.RoundTripMs(site); remote && ok {
-			waited -= rtt
-		}
-	} else if least := s.site(site).leastFirstToken(); !math.IsInf(least, 1) {
-		waited -= least // the site's own least, its round trip in it
+// its first token without a wait (CostModel.FirstTokenMs). It is what a
+// WaitCurve learns, and there is none (ok false) until the cost model
+// knows that time: measured from the least of a few first tokens instead,
+// every wait read high by the jitter of the others, and a site with waits
+// observed lost its requests to a peer with none (the round trip was
+// crossed for 10 to 12 of 60 requests to a site with room).
+func (s *Service) WaitedFor(site string, remote bool, c Cost, firstTokenMs float64) (waitedMs float64, ok bool) {
+	base, ok := s.costs.FirstTokenMs(c)
+	if !ok {
+		return 0, false
 	}
-	return max(waited, 0)
+	waited := firstTokenMs - base
+	if rtt, ok := s.RoundTripMs(site); remote && ok {
+		waited -= rtt
+	}
+	return max(waited, 0), true
 }
 
 // Observe records a whole answer from site (ServiceTime.Observe).

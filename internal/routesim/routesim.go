@@ -528,8 +528,8 @@ func Run(cfg Config) Result {
 				// estimates, as the gateway does.
 				waited, u := g.service.Waited(name, true, wait, wait+served)
 				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
-				if e.req.load.OK {
-					g.service.Waits(name).Observe(e.req.load.V, g.service.WaitedFor(name, e.req.rtt > 0, e.req.cost, wait))
+				if waited, ok := g.service.WaitedFor(name, e.req.rtt > 0, e.req.cost, wait); ok && e.req.load.OK {
+					g.service.Waits(name).Observe(e.req.load.V, waited)
 				}
 				g.service.Costs().Observe(e.req.cost, wait-e.req.rtt*unit, served, wait <= e.req.rtt*unit)
 			}
