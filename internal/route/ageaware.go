@@ -33,7 +33,7 @@ type AgeAwareOptions struct {
 	IgnoreOwnSends bool
 	// Uncertain draws each site by its expected distance below the level,
 	// its predicted load read with the spread of what happened since its
-	// readings (siteWater.spread): the latency policy's reading.
+	// readings (siteWater.spread), as the latency policy always does.
 	Uncertain bool
 }
 
@@ -447,7 +447,7 @@ func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Cei
 // that share a board spread their requests over the sites the board
 // cannot tell apart instead of pouring them on one prediction.
 //
-// Only the latency policy reads it (AgeAwareOptions.Uncertain). The age-aware
+// Only the latency policy reads it (and AgeAwareOptions.Uncertain). The age-aware
 // policy's model drains a backlog it has stopped holding as its unit says,
 // and the completions that predicts widen the spread most where the model
 // is most wrong: an engine filled by a client's 3 s requests, read by a
@@ -524,7 +524,8 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 	w := water{uncertain: pk.uncertain}
 	w.fill(pk, s, group[:n], nowMs, true)
 	level := w.level()
-	return w.draw(pk, s, group[:n], w.byShare(level, turn), turn, nowMs, 1)
+	below := w.distances(level)
+	return w.draw(pk, s, group[:n], w.byShare(&below, level, turn), turn, nowMs, 1)
 }
 
 // interpreted puts the positions of healthy that the policy reads into
@@ -551,24 +552,34 @@ func (w *water) level() float64 {
 	return math.Max(level, minLoad)
 }
 
+// distances is each site's distance below level, the flow it would take
+// to reach it in its capacity's units: expected (spread) when the water is
+// uncertain, else on the prediction alone.
+func (w *water) distances(level float64) (below [MaxSites]float64) {
+	for j := range w.sites[:w.n] {
+		sw := &w.sites[j]
+		switch {
+		case !sw.used:
+		case w.uncertain:
+			below[j] = sw.spread(level)
+		default:
+			below[j] = max(level-sw.load, 0)
+		}
+	}
+	return below
+}
+
 // byShare draws a site's slot in proportion to the flow each would take
-// to reach level: its service rate times its distance below it (expected,
-// spread, when the water is uncertain); with every site at the level, by
-// service rate.
-func (w *water) byShare(level float64, turn uint64) int {
+// to reach level: its service rate times its distance below it (below,
+// from distances); with every site at the level, by service rate.
+func (w *water) byShare(below *[MaxSites]float64, level float64, turn uint64) int {
 	var share [MaxSites]float64
 	total := 0.0
 	for j := range w.sites[:w.n] {
-		sw := &w.sites[j]
-		if !sw.used {
-			continue
+		if sw := &w.sites[j]; sw.used {
+			share[j] = sw.rate * below[j]
+			total += share[j]
 		}
-		below := max(level-sw.load, 0)
-		if w.uncertain {
-			below = sw.spread(level)
-		}
-		share[j] = sw.rate * below
-		total += share[j]
 	}
 	if total <= levelSlack {
 		// All at the level: by service rate.

@@ -39,7 +39,7 @@ type Latency struct {
 // NewLatency returns the latency policy, reading ages in pace's units and
 // what it observed of the sites in obs.
 func NewLatency(pace Pace, obs Observed) *Latency {
-	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{Uncertain: true}), obs: obs}
+	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{}), obs: obs}
 }
 
 // Name is "latency".
@@ -116,7 +116,7 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 	if n == 0 {
 		return referencePicker{}.pick(s, healthy, cost, turn, nowMs)
 	}
-	w := water{uncertain: pk.uncertain}
+	var w water
 	w.fill(pk.ageAwarePicker, s, group[:n], nowMs, true)
 	var rtt, backlog, lanes [MaxSites]float64
 	var waits [MaxSites]*WaitCurve
@@ -144,15 +144,18 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 	level := w.level()
 	weight := pk.costs.Weight(cost)
 	prefillMs := pk.costs.PrefillMs(cost)
-	var ttft, load [MaxSites]float64
+	var ttft, load, below [MaxSites]float64
 	best := math.Inf(1) // the least predicted time of the other sites
 	for j := range w.sites[:w.n] {
 		sw := &w.sites[j]
 		if !sw.used {
 			continue
 		}
+		// The site's expected distance below the level (spread), which
+		// is both the flow the draw gives it and what the arrivals add.
 		sigma := sw.sigma(level)
-		load[j] = sw.load - sw.offset + sigma*softplus((level-sw.load)/sigma)
+		below[j] = sigma * softplus((level-sw.load)/sigma)
+		load[j] = sw.load - sw.offset + below[j]
 		ttft[j] = rtt[j] + waitMs(sw, load[j], sigma, waits[j]) + prefillMs*sw.unitMs/pk.meanMs
 		if lanes[j] > 0 {
 			ttft[j] += backlog[j] / lanes[j]
@@ -166,7 +169,7 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 		p.Path, p.Load = PathStayLocal, some(load[local])
 		return p
 	}
-	site := w.byShare(level, turn)
+	site := w.byShare(&below, level, turn)
 	p := w.draw(pk.ageAwarePicker, s, group[:n], site, turn, nowMs, weight)
 	p.Path, p.Load = PathLatency, some(load[site])
 	return p

@@ -1061,7 +1061,7 @@ func ownInFlight(snap *Snapshot, now int64) (total float64) {
 func boardOnly(snap *Snapshot) *Snapshot {
 	r := *snap
 	bare := func(pk *ageAwarePicker) *ageAwarePicker {
-		b := &ageAwarePicker{cands: append([]ageCandidate(nil), pk.cands...)}
+		b := &ageAwarePicker{cands: append([]ageCandidate(nil), pk.cands...), uncertain: pk.uncertain}
 		for i := range b.cands {
 			b.cands[i].own = nil
 		}
