@@ -24,9 +24,11 @@ const (
 // takes the request while its predicted time is no more than the best
 // remote site's: a remote site must win by more than its round trip.
 // Otherwise the request is drawn as the age-aware policy draws it, each
-// remote site's round trip read as the load that would make a request
-// wait as long. This gateway's own sends count by their estimated work
-// (CostRates.Weight), not one each.
+// site by its expected distance below the level (siteWater.spread), and
+// each remote site's round trip read as the load that would make a
+// request wait as long. A backlog seen to persist is not held. This
+// gateway's own sends count by their estimated work (CostRates.Weight),
+// not one each.
 //
 // Its state is the age-aware policy's (own-send counters), and it reads,
 // at each build, each site's round trip and observed waits and what a
