@@ -164,12 +164,12 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 		return
 	}
 	decode := ms(end.Sub(ans.firstByte))
-	if waited, ok := g.service.WaitedFor(ob.site, !ob.local, ob.cost, first); ok && ob.load.OK {
-		g.service.Waits(ob.site).Observe(ob.load.V, waited)
-	}
-	atSite := first // what the size cost, the round trip to a peer aside
+	atSite := first // the round trip to a peer aside
 	if rtt, ok := g.service.RoundTripMs(ob.site); !ob.local && ok {
 		atSite = max(first-rtt, 0)
+	}
+	if waited, ok := g.service.Costs().WaitMs(ob.cost, atSite); ok && ob.load.OK {
+		g.service.Waits(ob.site).Observe(ob.load.V, waited)
 	}
 	g.service.Costs().Observe(ob.cost, atSite, decode, ob.room)
 	g.service.ObserveStream(ob.site, first, decode)

@@ -260,9 +260,6 @@ type water struct {
 	n           int // sites used
 	// arrivals is the grid's arrivals since the readings, in slots.
 	arrivals float64
-	// uncertain: the draw reads each site's predicted load with its spread
-	// (AgeAwareOptions.Uncertain); else as exact.
-	uncertain bool
 }
 
 // siteWater is one site's bucket.
@@ -447,8 +444,8 @@ func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Cei
 // that share a board spread their requests over the sites the board
 // cannot tell apart instead of pouring them on one prediction.
 //
-// Only the latency policy reads it (and AgeAwareOptions.Uncertain). The age-aware
-// policy's model drains a backlog it has stopped holding as its unit says,
+// Only the latency policy reads it (and AgeAwareOptions.Uncertain). The
+// age-aware policy's model drains a backlog it has stopped holding as its unit says,
 // and the completions that predicts widen the spread most where the model
 // is most wrong: an engine filled by a client's 3 s requests, read by a
 // gateway whose requests take 100 ms, was sent 3 to 6 of 10 requests
@@ -460,18 +457,13 @@ func hasRoom(c *Candidate, load float64) bool { return load*c.Ceiling+1 <= c.Cei
 // prediction, as Poisson: a backlog the model holds predicts none) and
 // the arrivals the level gives the site (Poisson); over its capacity
 // squared, in load. The expectation is read through a softplus (a
-// logistic X), which needs no error function.
-func (sw *siteWater) spread(level float64) float64 {
-	sigma := sw.sigma(level)
-	return sigma * softplus((level-sw.load)/sigma)
-}
-
-// sigma is the standard deviation of the site's predicted load, in load,
-// when the arrivals since its readings fill it to level (spread).
-func (sw *siteWater) sigma(level float64) float64 {
+// logistic X), which needs no error function. It returns the expectation
+// and sigma, that standard deviation (in load).
+func (sw *siteWater) spread(level float64) (below, sigma float64) {
 	completions := max(sw.read-(sw.board-sw.offset), 0)
 	arrivals := max(level-sw.load, 0)
-	return math.Sqrt((completions+arrivals)/sw.capacity) + levelSlack
+	sigma = math.Sqrt((completions+arrivals)/sw.capacity) + levelSlack
+	return sigma * softplus((level-sw.load)/sigma), sigma
 }
 
 // softplus is ln(1 + eᶻ), the expected excess E[(z − X)⁺] of a standard
@@ -521,10 +513,10 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 	if n == 0 {
 		return referencePicker{}.pick(s, healthy, cost, turn, nowMs)
 	}
-	w := water{uncertain: pk.uncertain}
+	var w water
 	w.fill(pk, s, group[:n], nowMs, true)
 	level := w.level()
-	below := w.distances(level)
+	below := w.distances(level, pk.uncertain)
 	return w.draw(pk, s, group[:n], w.byShare(&below, level, turn), turn, nowMs, 1)
 }
 
@@ -553,15 +545,15 @@ func (w *water) level() float64 {
 }
 
 // distances is each site's distance below level, the flow it would take
-// to reach it in its capacity's units: expected (spread) when the water is
-// uncertain, else on the prediction alone.
-func (w *water) distances(level float64) (below [MaxSites]float64) {
+// to reach it in its capacity's units: expected (spread) when uncertain,
+// else on the prediction alone.
+func (w *water) distances(level float64, uncertain bool) (below [MaxSites]float64) {
 	for j := range w.sites[:w.n] {
 		sw := &w.sites[j]
 		switch {
 		case !sw.used:
-		case w.uncertain:
-			below[j] = sw.spread(level)
+		case uncertain:
+			below[j], _ = sw.spread(level)
 		default:
 			below[j] = max(level-sw.load, 0)
 		}

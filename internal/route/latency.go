@@ -153,10 +153,10 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 		if !sw.used {
 			continue
 		}
-		// The site's expected distance below the level (spread), which
-		// is both the flow the draw gives it and what the arrivals add.
-		sigma := sw.sigma(level)
-		below[j] = sigma * softplus((level-sw.load)/sigma)
+		// The site's expected distance below the level is both the flow
+		// the draw gives it and what the arrivals add to its load.
+		var sigma float64
+		below[j], sigma = sw.spread(level)
 		load[j] = sw.load - sw.offset + below[j]
 		ttft[j] = rtt[j] + waitMs(sw, load[j], sigma, waits[j]) + prefillMs*sw.unitMs/pk.meanMs
 		if lanes[j] > 0 {

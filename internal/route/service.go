@@ -45,11 +45,7 @@ type Service struct {
 // RoundTrip is the round trip to site's gateway, made on first use: the
 // gateway's probes of its peers write it.
 func (s *Service) RoundTrip(site string) *RoundTrip {
-	if v, ok := s.roundTrips.Load(site); ok {
-		return v.(*RoundTrip)
-	}
-	v, _ := s.roundTrips.LoadOrStore(site, &RoundTrip{})
-	return v.(*RoundTrip)
+	return madeOnFirstUse[RoundTrip](&s.roundTrips, site)
 }
 
 // RoundTripMs is the round trip to site's gateway, when measured.
@@ -62,13 +58,7 @@ func (s *Service) RoundTripMs(site string) (float64, bool) {
 }
 
 // Waits is the waits observed at site, made on first use.
-func (s *Service) Waits(site string) *WaitCurve {
-	if v, ok := s.waits.Load(site); ok {
-		return v.(*WaitCurve)
-	}
-	v, _ := s.waits.LoadOrStore(site, &WaitCurve{})
-	return v.(*WaitCurve)
-}
+func (s *Service) Waits(site string) *WaitCurve { return madeOnFirstUse[WaitCurve](&s.waits, site) }
 
 // Costs is what a request's size costs in time, learned from streams.
 func (s *Service) Costs() *CostModel { return &s.costs }
@@ -78,12 +68,7 @@ type servedKey struct{ site, model string }
 
 // Served is site's observed service of model, made on first use.
 func (s *Service) Served(site, model string) *Served {
-	k := servedKey{site, model}
-	if v, ok := s.served.Load(k); ok {
-		return v.(*Served)
-	}
-	v, _ := s.served.LoadOrStore(k, &Served{})
-	return v.(*Served)
+	return madeOnFirstUse[Served](&s.served, servedKey{site, model})
 }
 
 // Waited is how long an answer from site waited before it began, beyond
@@ -106,27 +91,6 @@ func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64
 		least = firstTokenMs
 	}
 	return firstTokenMs - least, unitMs
-}
-
-// WaitedFor is how long a stream of cost from site waited before its
-// first token, firstTokenMs after it was sent: less the round trip to the
-// site's gateway (remote), and less what a request of its size takes to
-// its first token without a wait (CostModel.FirstTokenMs). It is what a
-// WaitCurve learns, and there is none (ok false) until the cost model
-// knows that time: measured from the least of a few first tokens instead,
-// every wait read high by the jitter of the others, and a site with waits
-// observed lost its requests to a peer with none (the round trip was
-// crossed for 10 to 12 of 60 requests to a site with room).
-func (s *Service) WaitedFor(site string, remote bool, c Cost, firstTokenMs float64) (waitedMs float64, ok bool) {
-	base, ok := s.costs.FirstTokenMs(c)
-	if !ok {
-		return 0, false
-	}
-	waited := firstTokenMs - base
-	if rtt, ok := s.RoundTripMs(site); remote && ok {
-		waited -= rtt
-	}
-	return max(waited, 0), true
 }
 
 // Observe records a whole answer from site (ServiceTime.Observe).
@@ -155,19 +119,13 @@ func (s *Service) SiteMs(site string) (float64, bool) {
 
 // Retain drops the estimates of sites live does not keep.
 func (s *Service) Retain(live func(site string) bool) {
-	s.sites.Range(func(k, _ any) bool {
-		if !live(k.(string)) {
-			s.sites.Delete(k)
-		}
-		return true
-	})
 	s.served.Range(func(k, _ any) bool {
 		if !live(k.(servedKey).site) {
 			s.served.Delete(k)
 		}
 		return true
 	})
-	for _, m := range []*sync.Map{&s.roundTrips, &s.waits} {
+	for _, m := range []*sync.Map{&s.sites, &s.roundTrips, &s.waits} {
 		m.Range(func(k, _ any) bool {
 			if !live(k.(string)) {
 				m.Delete(k)
@@ -178,12 +136,16 @@ func (s *Service) Retain(live func(site string) bool) {
 }
 
 // site is site's estimate, made on first use.
-func (s *Service) site(site string) *ServiceTime {
-	if st, ok := s.sites.Load(site); ok {
-		return st.(*ServiceTime)
+func (s *Service) site(site string) *ServiceTime { return madeOnFirstUse[ServiceTime](&s.sites, site) }
+
+// madeOnFirstUse is m's *T at k, a new zero T stored there first if there
+// is none. The Load first spares the allocation once it is made.
+func madeOnFirstUse[T any](m *sync.Map, k any) *T {
+	if v, ok := m.Load(k); ok {
+		return v.(*T)
 	}
-	st, _ := s.sites.LoadOrStore(site, &ServiceTime{})
-	return st.(*ServiceTime)
+	v, _ := m.LoadOrStore(k, new(T))
+	return v.(*T)
 }
 
 // ServiceTime estimates the mean duration of a request served without

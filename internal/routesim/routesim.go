@@ -343,8 +343,8 @@ func Run(cfg Config) Result {
 	T := math.Max(cfg.BoardAge, 1e-9)
 	poll := math.Min(cfg.BoardAge, 0.1)
 	// Only the policies that run the gateway's routing stack need its
-	// store and snapshots; the baselines read the board directly.
-	stack := cfg.Policy == Reference || cfg.Policy == AgeAware || cfg.Policy == AgeAwareNoOwn || cfg.Policy == Latency
+	// store and snapshots.
+	stack := throughStack(cfg.Policy)
 	switch cfg.Phases {
 	case PhasesSync:
 		push(event{at: phaseRng.Float64() * T, kind: refresh, gw: -1, site: -1})
@@ -528,10 +528,11 @@ func Run(cfg Config) Result {
 				// estimates, as the gateway does.
 				waited, u := g.service.Waited(name, true, wait, wait+served)
 				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
-				if waited, ok := g.service.WaitedFor(name, e.req.rtt > 0, e.req.cost, wait); ok && e.req.load.OK {
+				atSite := wait - e.req.rtt*unit
+				if waited, ok := g.service.Costs().WaitMs(e.req.cost, atSite); ok && e.req.load.OK {
 					g.service.Waits(name).Observe(e.req.load.V, waited)
 				}
-				g.service.Costs().Observe(e.req.cost, wait-e.req.rtt*unit, served, wait <= e.req.rtt*unit)
+				g.service.Costs().Observe(e.req.cost, atSite, served, atSite <= 0)
 			}
 			g.service.ObserveStream(name, wait, served)
 		case refresh:
@@ -641,8 +642,7 @@ func (g *gateway) ingest(published []reading, only int, now float64) {
 // choose routes one request of cost by policy, and returns the site and
 // the load the policy read it at (where it reads one).
 func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64, cost route.Cost) (int, route.Opt) {
-	switch policy {
-	case Reference, AgeAware, AgeAwareNoOwn, Latency:
+	if throughStack(policy) {
 		if g.snap == nil {
 			return rng.IntN(len(sites)), route.Opt{}
 		}
@@ -656,6 +656,17 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 		return i, p.Load
 	}
 	return chooseBaseline(policy, g, sites, rng), route.Opt{}
+}
+
+// throughStack reports whether policy runs the gateway's routing stack
+// (store, builder, snapshot and pick); the baselines read the board
+// directly.
+func throughStack(policy string) bool {
+	switch policy {
+	case Reference, AgeAware, AgeAwareNoOwn, Latency:
+		return true
+	}
+	return false
 }
 
 // chooseBaseline routes one request by a policy that reads the board
