@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,19 +49,23 @@ func BenchmarkStreamMemory(b *testing.B) {
 // nginxPID is the master process startNginx started last.
 var nginxPID int
 
-// nginxRSS sums the resident memory of nginx's master and workers.
-func nginxRSS() int64 {
+// nginxRSS sums the resident memory of the masters' (the one startNginx
+// started last when none is named) and their workers'.
+func nginxRSS(masters ...int) int64 {
 	var total int64
-	for _, pid := range nginxProcs() {
+	for _, pid := range nginxProcs(masters...) {
 		_, rss := procStatus(pid)
 		total += rss
 	}
 	return total
 }
 
-// nginxProcs lists, as /proc entries, nginx's master (the one startNginx
-// started last) and its workers.
-func nginxProcs() []string {
+// nginxProcs lists, as /proc entries, nginx's masters (the one startNginx
+// started last when none is named) and their workers.
+func nginxProcs(masters ...int) []string {
+	if len(masters) == 0 {
+		masters = []int{nginxPID}
+	}
 	var out []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -68,7 +73,7 @@ func nginxProcs() []string {
 		if err != nil {
 			continue
 		}
-		if ppid, _ := procStatus(e.Name()); pid == nginxPID || ppid == nginxPID {
+		if ppid, _ := procStatus(e.Name()); slices.Contains(masters, pid) || slices.Contains(masters, ppid) {
 			out = append(out, e.Name())
 		}
 	}

@@ -1,0 +1,30 @@
+package gateway
+
+import (
+	"net"
+	"net/http"
+	"testing"
+)
+
+// What the external test package's benchmarks share with this package's:
+// the held SSE upstream, the raw stream opener, nginx and /proc readers.
+
+// HeldStream is heldStream: an SSE answer of one event, held until
+// release closes.
+func HeldStream(release <-chan struct{}) http.Handler { return heldStream(release) }
+
+// OpenStreams is openStreams: n streams opened at target, each past its
+// first event.
+func OpenStreams(target string, n int) ([]net.Conn, error) { return openStreams(target, n) }
+
+// RaiseFileLimit is raiseFileLimit.
+func RaiseFileLimit() { raiseFileLimit() }
+
+// StartNginx is startNginx; it also returns the master's pid.
+func StartNginx(b *testing.B, upstream string) (url string, master int) {
+	url = startNginx(b, upstream)
+	return url, nginxPID
+}
+
+// NginxRSS is nginxRSS: the resident memory of the masters and workers.
+func NginxRSS(masters ...int) int64 { return nginxRSS(masters...) }
