@@ -26,7 +26,8 @@ import (
 // deliver forwards the request to the picked candidate and, when nothing
 // reached that upstream or came back from it (docs/gateway.md, upstream
 // failures), once more to the best-ordered other candidate not known to be
-// down. It returns the request's outcome label, where it was served, and
+// down, or, when there is none and a provider of this site took too long
+// to accept the connection, to the same one on a fresh connection. It returns the request's outcome label, where it was served, and
 // the detached stream that goes on copying the answer, if it was detached
 // (detach.go; the caller starts it). A request that came over the hop and
 // could not be delivered says so (headerNotDelivered), so the entry
@@ -35,7 +36,9 @@ import (
 func (x *exchange) deliver(pick route.Pick) (string, *detachedStream) {
 	g := x.g
 	var tried [2]string
-	for try := 0; try < 2; try++ {
+	again := false // the second try went to the same candidate
+tries:
+	for try := range 2 {
 		c := pick.Candidate
 		tried[try] = c.Site
 		reason := "routed"
@@ -69,15 +72,29 @@ func (x *exchange) deliver(pick route.Pick) (string, *detachedStream) {
 			return "upstream_error", nil
 		}
 		sv.End(false, 0, 0, 0)
-		g.m.retries.Inc()
-		pick = route.Pick{Outcome: route.Routed, Candidate: g.alternative(x.snap, x.model, c)}
-		if pick.Candidate == nil {
+		if try == 1 {
 			break
 		}
+		switch next := g.alternative(x.snap, x.model, c); {
+		case next != nil:
+			pick = route.Pick{Outcome: route.Routed, Candidate: next}
+		case c.Local && ans.failure == upstreamConnectTimeout:
+			// Nowhere else to go, and a provider that did not take the
+			// connection in time may only be slow to accept it: a burst
+			// of new connections past its listen queue has its SYNs
+			// dropped, and the kernel resends one a second, then three,
+			// after the first. The same pick, on a fresh connection.
+			again = true
+		default:
+			break tries
+		}
+		g.m.retries.Inc()
 	}
 	x.notDelivered()
 	unreachable := errUpstreamUnreachable.about("site %q could not be reached", tried[0])
-	if tried[1] == tried[0] {
+	if again {
+		unreachable = errUpstreamUnreachable.about("site %q could not be reached (its provider tried twice)", tried[0])
+	} else if tried[1] == tried[0] {
 		unreachable = errUpstreamUnreachable.about("site %q could not be reached (two of its providers tried)", tried[0])
 	} else if tried[1] != "" {
 		unreachable = errUpstreamUnreachable.about("site %q could not be reached, nor site %q after it", tried[0], tried[1])
@@ -115,6 +132,8 @@ type answer struct {
 	// detached is the stream that copies the answer after the handler
 	// returns (detach.go); nil when the proxy copied it.
 	detached *detachedStream
+	// failure is why the attempt failed, when it did.
+	failure upstreamFailure
 }
 
 // observation is what an attempt's answer is observed against: where it
@@ -326,6 +345,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 				return // the client went away; nothing to answer or count
 			}
 			kind := classifyUpstream(err)
+			ans.failure = kind
 			g.upstreamFailed(c, kind, err, began)
 			if kind.nothingSent() && !tw.wrote {
 				result = notSent

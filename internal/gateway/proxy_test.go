@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,6 +97,82 @@ func TestRetryOnRefusedConnection(t *testing.T) {
 			t.Errorf("dead provider not demoted: score %v", c.Score)
 		}
 	}
+}
+
+// TestBurstPastTheListenQueueIsNot502: the only provider's listen queue
+// is full (it accepts nothing for 1.5 s, and connections that came
+// before fill its queue), and twelve requests come at once. The kernel
+// drops the SYNs that find the queue full and resends them one and three
+// seconds later, so none of the gateway's connections is made within the
+// 2 s connect timeout, though the provider takes them all once it
+// accepts. Each is tried again on a fresh connection, and every client
+// gets its answer. (With one try, all twelve answered 502
+// upstream_unreachable: the burst of new streams that answered 2 to 75 of
+// 2,000 to 9,900 streams 502.)
+func TestBurstPastTheListenQueueIsNot502(t *testing.T) {
+	const backlog = 4
+	ln := listenWithQueue(t, backlog)
+	for range backlog + 1 { // the queue holds one more than its backlog
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	s, _ := sim.New(sim.Options{Kind: sim.KindVLLM, Slots: 64})
+	backend := &http.Server{Handler: s.Handler()}
+	accepting := time.AfterFunc(1500*time.Millisecond, func() { backend.Serve(ln) })
+	defer func() { accepting.Stop(); backend.Close(); ln.Close() }()
+	g := benchGateway(t, "http://"+ln.Addr().String())
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	const clients = 12
+	statuses := make(chan string, clients)
+	for range clients {
+		go func() {
+			resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+sim.DefaultModel+`","max_tokens":1}`))
+			if err != nil {
+				statuses <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			statuses <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}()
+	}
+	for range clients {
+		if st := <-statuses; !strings.HasPrefix(st, "200 ") {
+			t.Errorf("a client got %s", st)
+		}
+	}
+	if n := testutil.ToFloat64(g.m.upstreamErrors.WithLabelValues("east", string(upstreamConnectTimeout))); n == 0 {
+		t.Errorf("no connect timed out: the listen queue did not overflow, so the test shows nothing")
+	}
+}
+
+// listenWithQueue is a loopback listener whose accept queue holds
+// backlog connections (net.Listen takes the system's maximum), not
+// accepting until served.
+func listenWithQueue(t *testing.T, backlog int) net.Listener {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "listener")
+	defer f.Close() // the listener holds its own copy
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, backlog); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }
 
 // TestHopRefusesNonPeers: the hop listener takes requests from this site's
