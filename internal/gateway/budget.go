@@ -143,8 +143,12 @@ var limitFromBodies atomic.Int64
 
 // bodyHeadroom is what the memory limit set from the body budget allows
 // beyond the bodies: the rest of a gateway's heap (streams, connections,
-// the store) and the garbage of bodies already released.
-const bodyHeadroom = 256 << 20
+// the store) and the garbage of bodies already released. Chosen so that
+// resident memory under stalled bodies stays within the budget plus 128
+// MiB: the limit counts the Go runtime's memory, not the binary's text or
+// other mappings, which take about 16 MiB more (BenchmarkStalledBodies:
+// peak RSS 615-630 MiB at 624; with 256 MiB of headroom, 758).
+const bodyHeadroom = 112 << 20
 
 // SetMemoryLimitFromBodies sets the Go memory limit to the body budget
 // (limits.bodyBytes, or its default) plus bodyHeadroom when neither

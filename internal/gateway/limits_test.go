@@ -22,7 +22,7 @@ import (
 
 // serveGuarded serves the client API of g on a guarded loopback listener
 // with the given limits and returns its address.
-func serveGuarded(t *testing.T, g *Gateway, listener Listener, set func(*config.GatewayLimits)) string {
+func serveGuarded(t testing.TB, g *Gateway, listener Listener, set func(*config.GatewayLimits)) string {
 	t.Helper()
 	c := *g.cfg.Load()
 	set(&c.Limits)

@@ -18,7 +18,8 @@ import (
 // streamHelperEnv makes the test binary a helper process of
 // BenchmarkStreamMemoryApart: "upstream" serves SSE streams that send one
 // event and hold, "clients ADDR N" opens N streams through ADDR, "sim"
-// serves BenchmarkProxyCPU's sim. Each runs until its standard input
+// serves BenchmarkProxyCPU's sim, "stallers ADDR N" are
+// BenchmarkStalledBodies' clients. Each runs until its standard input
 // closes.
 const streamHelperEnv = "GRID_STREAM_HELPER"
 
@@ -32,6 +33,8 @@ func init() {
 		os.Exit(streamClientsHelper())
 	case "sim":
 		os.Exit(simHelper())
+	case "stallers":
+		os.Exit(stallersHelper())
 	}
 	os.Exit(2)
 }
