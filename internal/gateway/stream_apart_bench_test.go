@@ -49,7 +49,7 @@ func init() {
 // figures and the command.
 func BenchmarkStreamMemoryApart(b *testing.B) {
 	raiseFileLimit()
-	for _, n := range []int{2000, 9900} {
+	for _, n := range []int{1000, 2000, 9900} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			for range b.N {
 				heap, stacks, rss := holdStreamsApart(b, n, "gateway")
