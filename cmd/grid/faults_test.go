@@ -1124,7 +1124,9 @@ func idleWake(t *testing.T, g *faultGrid) reliabilityRow {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	gw := start(g.root, "gateway", "--config", path)
+	// Its drain leaves the test's kept-alive connections to the test until
+	// a second before the drain timeout: a short one.
+	gw := start(g.root, "gateway", "--config", path, "--drain-timeout", "5s")
 	defer func() {
 		if code := gw.stop(t); code != 0 {
 			t.Errorf("the idle gateway exited %d", code)
