@@ -27,8 +27,9 @@ import (
 // reached that upstream or came back from it (docs/gateway.md, upstream
 // failures), once more to the best-ordered other candidate not known to be
 // down, or, when there is none and a provider of this site took too long
-// to accept the connection, to the same one on a fresh connection. It returns the request's outcome label, where it was served, and
-// the detached stream that goes on copying the answer, if it was detached
+// to accept the connection, to the same one on a fresh connection. It
+// returns the request's outcome label, where it was served, and the
+// detached stream that goes on copying the answer, if it was detached
 // (detach.go; the caller starts it). A request that came over the hop and
 // could not be delivered says so (headerNotDelivered), so the entry
 // gateway tries elsewhere as it would for a refused connection. The
