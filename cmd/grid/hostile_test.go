@@ -53,8 +53,9 @@ func TestLyingPeerCannotBuyTraffic(t *testing.T) {
 
 // runLyingPeer starts the three sites with north claiming claimed
 // providers, sends east's gateway 24 concurrent clients of ~1 s streamed
-// chat completions for 15 s once all three sites are drawn on, and returns
-// each site's share of the answers.
+// chat completions for 15 s (longer, up to 45 s, until 200 have been
+// answered) once all three sites are drawn on, and returns each site's
+// share of the answers.
 func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "certs")
@@ -121,12 +122,21 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 	var mu sync.Mutex
 	served := map[string]int{}
 	total := 0
-	stop := time.Now().Add(15 * time.Second)
+	// 15 s of load, longer until 200 answers (at most 45 s): a machine
+	// busy with other tests' processes answers fewer streams a second, and
+	// the shares need enough of them.
+	began := time.Now()
+	more := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		elapsed := time.Since(began)
+		return elapsed < 15*time.Second || total < 200 && elapsed < 45*time.Second
+	}
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second}
 	for range 24 {
 		wg.Go(func() {
-			for time.Now().Before(stop) {
+			for more() {
 				resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json",
 					strings.NewReader(`{"model":"Qwen/Qwen3-8B","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}`))
 				if err != nil {
@@ -159,7 +169,7 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 		out[site] = float64(n) / float64(total)
 	}
 	if total < 100 {
-		t.Fatalf("only %d answers in 15 s: %v", total, served)
+		t.Fatalf("only %d answers in %v: %v", total, time.Since(began).Round(time.Second), served)
 	}
 	return out
 }
