@@ -102,6 +102,13 @@ func newSSEUpstream(t *testing.T) *sseUpstream {
 // detachGateway serves a gateway in front of upstream on a guarded client
 // listener, as `grid gateway` does, and returns its address.
 func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
+	g, _, addr := detachServer(t, upstream)
+	return g, addr
+}
+
+// detachServer is detachGateway with the server of its client listener,
+// for a test that drains it.
+func detachServer(t *testing.T, upstream string) (*Gateway, *http.Server, string) {
 	g := benchGateway(t, upstream)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,7 +118,7 @@ func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
 	done := make(chan struct{})
 	go func() { srv.Serve(g.Guard(ClientListener, ln, nil)); close(done) }()
 	t.Cleanup(func() { srv.Close(); <-done; g.Close() })
-	return g, ln.Addr().String()
+	return g, srv, ln.Addr().String()
 }
 
 // switchDetachOff reloads g with limits.detachStreams false.
@@ -725,49 +732,79 @@ func TestDrainPastDeadlineAnswersAWaitingStream(t *testing.T) {
 func TestDrainAnswersTheRequestAfterAStream(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
+	ka := openKeptAliveStream(t, g, addr)
+	if ka.resp.Close {
+		t.Fatal("a stream begun before the drain says its connection closes")
+	}
+	g.LameDuck()
+	close(up.step)
+	ka.finish(t)
+	ka.wantClosingAnswer(t, "the request sent after the stream, on its connection, during the drain")
+	if _, err := ka.br.ReadByte(); err != io.EOF {
+		t.Errorf("after that answer the connection read %v; want EOF", err)
+	}
+}
+
+// keptAliveStream is a client's connection on which a stream begun before
+// a drain runs detached, its head and first event read.
+type keptAliveStream struct {
+	c    net.Conn
+	br   *bufio.Reader
+	resp *http.Response // the stream's answer
+}
+
+// openKeptAliveStream opens a connection to g's client listener at addr,
+// sends a streamed completion on it, and returns once the first event has
+// come and the stream is detached. The connection closes with the test.
+func openKeptAliveStream(t *testing.T, g *Gateway, addr string) *keptAliveStream {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	send := func() {
-		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	}
-	br := bufio.NewReader(c)
-	send()
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
+	t.Cleanup(func() { c.Close() })
+	ka := &keptAliveStream{c: c, br: bufio.NewReader(c)}
+	ka.send()
+	if ka.resp, err = http.ReadResponse(ka.br, nil); err != nil {
 		t.Fatal(err)
 	}
-	if resp.Close {
-		t.Fatal("a stream begun before the drain says its connection closes")
-	}
-	if ev := readEvent(t, bufio.NewReader(io.LimitReader(resp.Body, 64))); ev != "first" {
+	if ev := readEvent(t, bufio.NewReader(io.LimitReader(ka.resp.Body, 64))); ev != "first" {
 		t.Fatalf("first event %q", ev)
 	}
 	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
-	g.LameDuck()
-	close(up.step)
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+	return ka
+}
+
+// send writes a streamed completion on the connection.
+func (ka *keptAliveStream) send() {
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(ka.c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	ka.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+}
+
+// finish reads the stream to its end, which must be whole.
+func (ka *keptAliveStream) finish(t *testing.T) {
+	t.Helper()
+	if _, err := io.Copy(io.Discard, ka.resp.Body); err != nil {
 		t.Fatalf("the stream did not end whole: %v", err)
 	}
-	resp.Body.Close()
+	ka.resp.Body.Close()
+}
 
-	send()
-	next, err := http.ReadResponse(br, nil)
+// wantClosingAnswer sends the next request on the connection (what names
+// it) and wants it answered 200, closing the connection.
+func (ka *keptAliveStream) wantClosingAnswer(t *testing.T, what string) {
+	t.Helper()
+	ka.send()
+	next, err := http.ReadResponse(ka.br, nil)
 	if err != nil {
-		t.Fatalf("the request sent after the stream, on its connection, during the drain: %v", err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	if next.StatusCode != http.StatusOK || !next.Close {
-		t.Errorf("the request after the stream: status %d, Connection: close %v; want 200 closing the connection", next.StatusCode, next.Close)
+		t.Errorf("%s: status %d, Connection: close %v; want 200 closing the connection", what, next.StatusCode, next.Close)
 	}
 	io.Copy(io.Discard, next.Body)
 	next.Body.Close()
-	if _, err := br.ReadByte(); err != io.EOF {
-		t.Errorf("after that answer the connection read %v; want EOF", err)
-	}
 }
 
 // TestDrainLeavesAKeptAliveConnectionToItsClient: a stream begun before
@@ -781,36 +818,8 @@ func TestDrainAnswersTheRequestAfterAStream(t *testing.T) {
 // sites` at K = 3 failed with EOF or a reset.)
 func TestDrainLeavesAKeptAliveConnectionToItsClient(t *testing.T) {
 	up := newSSEUpstream(t)
-	g := benchGateway(t, up.URL)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := g.Server(ClientListener, nil)
-	served := make(chan struct{})
-	go func() { srv.Serve(g.Guard(ClientListener, ln, nil)); close(served) }()
-	t.Cleanup(func() { srv.Close(); <-served; g.Close() })
-
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	send := func() {
-		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	}
-	br := bufio.NewReader(c)
-	send()
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ev := readEvent(t, bufio.NewReader(io.LimitReader(resp.Body, 64))); ev != "first" {
-		t.Fatalf("first event %q", ev)
-	}
-	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+	g, srv, addr := detachServer(t, up.URL)
+	ka := openKeptAliveStream(t, g, addr)
 
 	// The drain, as `grid gateway` runs it (serveUntilDone).
 	drained := make(chan struct{})
@@ -823,26 +832,14 @@ func TestDrainLeavesAKeptAliveConnectionToItsClient(t *testing.T) {
 		close(drained)
 	}()
 	close(up.step)
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		t.Fatalf("the stream did not end whole: %v", err)
-	}
-	resp.Body.Close()
+	ka.finish(t)
 
 	select {
 	case <-drained:
 		t.Fatal("the drain ended while the client held its kept-alive connection")
 	case <-time.After(6 * time.Second): // the client's idle time: the scenario itself
 	}
-	send()
-	next, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("the request sent six seconds after the stream, on its connection, during the drain: %v", err)
-	}
-	if next.StatusCode != http.StatusOK || !next.Close {
-		t.Errorf("the request after the stream: status %d, Connection: close %v; want 200 closing the connection", next.StatusCode, next.Close)
-	}
-	io.Copy(io.Discard, next.Body)
-	next.Body.Close()
+	ka.wantClosingAnswer(t, "the request sent six seconds after the stream, on its connection, during the drain")
 	select {
 	case <-drained:
 	case <-time.After(10 * time.Second):
