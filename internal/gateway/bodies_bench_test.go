@@ -78,28 +78,18 @@ func stallBodies(b *testing.B, n int, d time.Duration) (peak, growth, limit int6
 func resetPeakRSS() { os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
 // peakRSS is this process's resident high-water mark, VmHWM.
-func peakRSS() int64 {
-	st, _ := os.ReadFile("/proc/self/status")
-	for _, line := range strings.Split(string(st), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+func peakRSS() int64 { return procStatusFields("self")["VmHWM:"] << 10 }
 
 // stallersHelper is BenchmarkStalledBodies' clients: "stallers ADDR N D"
 // runs N clients against ADDR for D, then prints what they were answered.
 func stallersHelper() int {
 	raiseFileLimit()
-	if len(os.Args) < 4 {
+	target, n, ok := helperTargetAndCount()
+	if !ok || len(os.Args) < 4 {
 		return 2
 	}
-	target := os.Args[1]
-	n, err1 := strconv.Atoi(os.Args[2])
-	d, err2 := time.ParseDuration(os.Args[3])
-	if err1 != nil || err2 != nil {
+	d, err := time.ParseDuration(os.Args[3])
+	if err != nil {
 		return 2
 	}
 	chunk := make([]byte, 64<<10)

@@ -170,12 +170,8 @@ func streamUpstreamHelper() int {
 
 func streamClientsHelper() int {
 	raiseFileLimit()
-	if len(os.Args) < 3 {
-		return 2
-	}
-	target := os.Args[1]
-	n, err := strconv.Atoi(os.Args[2])
-	if err != nil {
+	target, n, ok := helperTargetAndCount()
+	if !ok {
 		return 2
 	}
 	conns, err := openStreams(target, n)
@@ -191,4 +187,13 @@ func streamClientsHelper() int {
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// helperTargetAndCount reads a helper's first two arguments, "ADDR N".
+func helperTargetAndCount() (target string, n int, ok bool) {
+	if len(os.Args) < 3 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(os.Args[2])
+	return os.Args[1], n, err == nil
 }

@@ -83,24 +83,25 @@ func nginxProcs(masters ...int) []string {
 // procStatus reads a process's parent and resident memory from
 // /proc/PID/status ("self" for this one); zeros when it cannot.
 func procStatus(pid string) (ppid int, rss int64) {
+	f := procStatusFields(pid)
+	return int(f["PPid:"]), f["VmRSS:"] << 10
+}
+
+// procStatusFields is /proc/PID/status ("self" for this one), each field's
+// first number (memory in kB, as the file gives it); nil when it cannot
+// be read.
+func procStatusFields(pid string) map[string]int64 {
 	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
-		return 0, 0
+		return nil
 	}
+	out := map[string]int64{}
 	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		switch f[0] {
-		case "PPid:":
-			ppid, _ = strconv.Atoi(f[1])
-		case "VmRSS:":
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			rss = kb << 10
+		if f := strings.Fields(line); len(f) >= 2 {
+			out[f[0]], _ = strconv.ParseInt(f[1], 10, 64)
 		}
 	}
-	return ppid, rss
+	return out
 }
 
 // raiseFileLimit lifts the open-file limit: every stream holds four
