@@ -212,7 +212,7 @@ func New(cfg *config.Gateway, opts Options) (*Gateway, error) {
 	g.cfg.Store(cfg)
 	g.sessions = affinity.New(sessionBounds(&cfg.Affinity))
 	m.registerAffinity(g.sessions)
-	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream)
+	g.upstreams = newUpstreams(opts.Identity, cfg.Upstream, g.log)
 	g.bodies = newBodyBudget(cfg.Limits.BodyBytes)
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "grid_gateway_body_bytes_held",
 		Help: "Bytes of request bodies the gateway holds in memory now (reserved from limits.bodyBytes)."},
@@ -310,13 +310,15 @@ func (g *Gateway) touch() {
 // read in batches. Against one that does not, the gateway polls every
 // pollInterval. Either way a second goroutine, owned here, rebuilds the
 // snapshot every pollInterval (readings age) and at once after a passive
-// health ejection (docs/protocol.md §4.11), and a third measures the
-// round trip to each peer site's gateway (probe.go).
+// health ejection (docs/protocol.md §4.11), a third measures the round
+// trip to each peer site's gateway (probe.go), and a fourth watches the
+// hop's connections for a silent peer (hoplive.go).
 func (g *Gateway) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); g.refreshLoop(ctx) }()
 	go func() { defer wg.Done(); g.probeLoop(ctx) }()
+	go func() { defer wg.Done(); g.upstreams.hop.run(ctx) }()
 	defer wg.Wait()
 	for {
 		cfg := g.cfg.Load()

@@ -23,8 +23,12 @@ import (
 // dial and a TLS handshake are not the path's round trip). Each sample
 // moves the site's estimate an eighth of the way (route.RoundTrip).
 
-// probeEvery is how often the gateway measures its peers' round trips.
-const probeEvery = time.Second
+// probeEvery is how often the gateway measures its peers' round trips, and
+// probeTimeout how long one measurement may take before it teaches nothing.
+const (
+	probeEvery   = time.Second
+	probeTimeout = 2 * time.Second
+)
 
 // probeLoop measures the round trip to every peer site in the current
 // snapshot every probeEvery, until ctx ends; an idle gateway does not
@@ -51,14 +55,14 @@ func (g *Gateway) probeLoop(ctx context.Context) {
 }
 
 // probe measures one round trip to c's site's gateway; a probe that fails
-// or takes longer than the hop's ping timeout teaches nothing (a peer that
-// stopped is found by the hop's liveness check and passive health).
+// or takes longer than probeTimeout teaches nothing (a peer that stopped is
+// found by the hop's liveness check and passive health).
 func (g *Gateway) probe(ctx context.Context, c *route.Candidate) {
 	t, err := g.upstreams.transport(c)
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, hopPingTimeout)
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var conn, first time.Time
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{

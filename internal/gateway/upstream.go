@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -15,19 +16,11 @@ import (
 // Keep-alive of the upstream pools.
 const (
 	idleConnTimeout = 90 * time.Second
-	// hopPingAfter and hopPingTimeout are the hop's liveness check: a peer
-	// gateway's connection that carried no frame for hopPingAfter is
-	// pinged, and closed when no answer comes within hopPingTimeout. The
-	// peer's HTTP/2 stack answers pings whatever its handlers are doing, so
-	// a slow model never looks dead; a hung or stopped peer process does,
-	// within 2.5 s of its last frame, instead of holding its requests for
-	// the response-header timeout. The answer may come 2 s late: a peer
-	// starved of CPU for a moment, or a long round trip, answers late, and
-	// closing the connection cuts every stream on it (up to 250). Pinging
-	// after half a second of silence leaves that patience inside the 3 s
-	// a stopped peer may take to be found.
-	hopPingAfter   = 500 * time.Millisecond
-	hopPingTimeout = 2 * time.Second
+	// hopPingAfter is how long a peer gateway's connection may carry no
+	// frame before net/http pings it; the peer's HTTP/2 stack answers
+	// whatever its handlers are doing, so a slow model never looks
+	// silent. Whether the peer is dead is hopWatch's verdict (hoplive.go).
+	hopPingAfter = 300 * time.Millisecond
 )
 
 // upstreams holds the keep-alive connection pools: one HTTP/1.1 transport
@@ -37,12 +30,13 @@ type upstreams struct {
 	id     *identity.Source
 	limits config.Upstream
 	local  *http.Transport
+	hop    *hopWatch
 	mu     sync.Mutex
 	remote map[string]*http.Transport
 }
 
-func newUpstreams(id *identity.Source, limits config.Upstream) *upstreams {
-	return &upstreams{id: id, limits: limits, local: newTransport(limits), remote: map[string]*http.Transport{}}
+func newUpstreams(id *identity.Source, limits config.Upstream, log *slog.Logger) *upstreams {
+	return &upstreams{id: id, limits: limits, local: newTransport(limits), hop: newHopWatch(log), remote: map[string]*http.Transport{}}
 }
 
 // newTransport is a pool bounded by limits: connecting (TLS included) by
@@ -69,7 +63,7 @@ func newTransport(limits config.Upstream) *http.Transport {
 
 // transport returns the pool for a candidate: a remote site's gateway is
 // dialled with this site's identity, must present exactly that site's, and
-// is spoken to over HTTP/2 with the ping liveness check.
+// is spoken to over HTTP/2, its connections watched for silence.
 func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 	if c.Local {
 		return u.local, nil
@@ -84,9 +78,9 @@ func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 		return nil, err
 	}
 	t := newTransport(u.limits)
-	t.TLSClientConfig = conf
+	t.DialTLSContext = u.hop.dialer(conf, u.limits.ConnectTimeout.D())
 	t.ForceAttemptHTTP2 = true
-	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: hopPingAfter, PingTimeout: hopPingTimeout}
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: hopPingAfter, PingTimeout: hopPingBackstop}
 	u.remote[c.Site] = t
 	return t, nil
 }
