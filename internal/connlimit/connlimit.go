@@ -69,10 +69,17 @@ func (l *Listener) SetLimits(lim Limits) {
 // the total is reached, the connection idle the longest is closed to admit
 // a new one, rather than turning the new one away: an idle keep-alive
 // costs its client one reconnect, a refused connection costs a request.
+// c may be a layer over the connection (a TLS one) that returns it from
+// NetConn.
 func (l *Listener) SetIdle(c net.Conn, idle bool) {
 	cc, ok := c.(*conn)
-	if !ok {
-		return
+	for !ok {
+		layer, isLayer := c.(interface{ NetConn() net.Conn })
+		if !isLayer {
+			return
+		}
+		c = layer.NetConn()
+		cc, ok = c.(*conn)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -1,9 +1,12 @@
 package connlimit
 
 import (
+	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -231,13 +234,20 @@ func TestIdleConnectionsGoFirst(t *testing.T) {
 	dial()
 	dial()
 	first, second := <-accepted, <-accepted
-	l.SetIdle(first, true)
+	// Reported through a TLS layer, as a server over TLS reports it.
+	l.SetIdle(tls.Server(first, &tls.Config{}), true)
 	time.Sleep(time.Millisecond)
 	l.SetIdle(second, true)
 	l.SetIdle(second, false) // second is busy again
 	dial()
-	third := <-accepted
-	if _, err := first.Read(make([]byte, 1)); err == nil {
+	var third net.Conn
+	select {
+	case third = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the new connection was turned away: the idle one was not closed for it")
+	}
+	first.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := first.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Error("the idle connection was not closed for the new one")
 	}
 	mu.Lock()

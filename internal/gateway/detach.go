@@ -433,6 +433,7 @@ func (set *streamSet) cutAndWait(drained bool) {
 // listener closes.
 type rejoinListener struct {
 	net.Listener
+	idle     time.Duration // limits.clientIdleTimeout, read at start
 	back     chan net.Conn // connections to serve again
 	accepted chan acceptResult
 	once     sync.Once
@@ -452,8 +453,8 @@ type acceptResult struct {
 // it full is closed (its client reconnects).
 const rejoinQueue = 256
 
-func newRejoinListener(ln net.Listener) *rejoinListener {
-	return &rejoinListener{Listener: ln, back: make(chan net.Conn, rejoinQueue), accepted: make(chan acceptResult), closed: make(chan struct{})}
+func newRejoinListener(ln net.Listener, idle time.Duration) *rejoinListener {
+	return &rejoinListener{Listener: ln, idle: idle, back: make(chan net.Conn, rejoinQueue), accepted: make(chan acceptResult), closed: make(chan struct{})}
 }
 
 // Accept returns the next connection to serve: one coming back, or a new one.
@@ -509,13 +510,60 @@ func (l *rejoinListener) rejoin(c net.Conn) bool {
 	if l.isClosed {
 		return false
 	}
+	rc, again := c.(*rejoinedConn)
+	if !again {
+		rc = &rejoinedConn{Conn: c, idle: l.idle}
+	}
+	rc.waiting.Store(true)
 	select {
-	case l.back <- c:
+	case l.back <- rc:
 		return true
 	default:
 		return false
 	}
 }
+
+// rejoinedConn is a connection back from a detached stream. The server
+// takes it for a new one, and would give its client the header read
+// timeout to send a request; but it is a kept-alive connection between
+// requests, so until the next request's first byte its reads wait
+// limits.clientIdleTimeout, as the server's idle wait does, and the
+// header's own time runs from that byte. The server's goroutines touch
+// it; waiting and header are atomic.
+type rejoinedConn struct {
+	net.Conn
+	idle    time.Duration
+	waiting atomic.Bool  // no byte read since the connection came back
+	header  atomic.Int64 // the header read time the server asked for
+}
+
+func (c *rejoinedConn) SetReadDeadline(t time.Time) error {
+	if wait := time.Until(t); c.waiting.Load() && wait > 0 {
+		c.header.Store(int64(wait))
+		return c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *rejoinedConn) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
+}
+
+func (c *rejoinedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.waiting.CompareAndSwap(true, false) {
+		if h := time.Duration(c.header.Load()); h > 0 {
+			c.Conn.SetReadDeadline(time.Now().Add(h))
+		}
+	}
+	return n, err
+}
+
+// NetConn is the connection under it (connlimit.Listener.SetIdle).
+func (c *rejoinedConn) NetConn() net.Conn { return c.Conn }
 
 // Close closes the listener and the connections waiting to re-enter it.
 func (l *rejoinListener) Close() error {

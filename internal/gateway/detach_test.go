@@ -109,7 +109,18 @@ func detachGateway(t *testing.T, upstream string) (*Gateway, string) {
 // detachServer is detachGateway with the server of its client listener,
 // for a test that drains it.
 func detachServer(t *testing.T, upstream string) (*Gateway, *http.Server, string) {
+	return detachServerWith(t, upstream, nil)
+}
+
+// detachServerWith is detachServer with the gateway's limits set by
+// limits before its server reads them.
+func detachServerWith(t *testing.T, upstream string, limits func(*config.GatewayLimits)) (*Gateway, *http.Server, string) {
 	g := benchGateway(t, upstream)
+	if limits != nil {
+		cfg := *g.cfg.Load()
+		limits(&cfg.Limits)
+		g.cfg.Store(&cfg)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -844,5 +855,45 @@ func TestDrainLeavesAKeptAliveConnectionToItsClient(t *testing.T) {
 	case <-drained:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the drain did not end once the client's connection closed")
+	}
+}
+
+// TestRejoinedConnectionWaitsTheIdleTimeout: a keep-alive connection whose
+// stream was detached comes back to the server as if new; it waits for its
+// client's next request for limits.clientIdleTimeout, as any kept-alive
+// connection does, not for the header read timeout of a new connection
+// (the server closed it after 10 s, not 30: a client pausing between
+// turns found its connection gone, racing the request it wrote on it).
+func TestRejoinedConnectionWaitsTheIdleTimeout(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) {
+		l.HeaderReadTimeout = config.Duration(time.Second)
+		l.ClientIdleTimeout = config.Duration(4 * time.Second)
+	})
+	ka := openKeptAliveStream(t, g, addr)
+	close(up.step)
+	ka.finish(t)
+	waitFor(t, "the stream's connection rejoined", func() bool { return g.streams.Len() == 0 })
+
+	time.Sleep(2 * time.Second) // past the header read timeout, inside the idle timeout
+	ka.send()
+	next, err := http.ReadResponse(ka.br, nil)
+	if err != nil {
+		t.Fatalf("the request sent 2 s after the stream on its kept-alive connection (idle timeout 4 s, header read timeout 1 s): %v", err)
+	}
+	io.Copy(io.Discard, next.Body)
+	next.Body.Close()
+	if next.StatusCode != http.StatusOK || next.Close {
+		t.Fatalf("status %d, Connection: close %v; want 200 keeping the connection", next.StatusCode, next.Close)
+	}
+
+	// Idle past the idle timeout, the connection is closed.
+	ka.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	began := time.Now()
+	if n, err := ka.br.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("read %d bytes on an idle connection", n)
+	}
+	if idle := time.Since(began); idle < 3*time.Second || idle > 8*time.Second {
+		t.Errorf("the idle connection was closed after %v, want about the 4 s idle timeout", idle)
 	}
 }

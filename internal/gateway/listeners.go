@@ -98,7 +98,7 @@ func (g *Gateway) Guard(listener Listener, ln net.Listener, conf *tls.Config) ne
 		out = tls.NewListener(gl, conf)
 	}
 	if listener == ClientListener {
-		rj := newRejoinListener(out)
+		rj := newRejoinListener(out, g.cfg.Load().Limits.ClientIdleTimeout.D())
 		g.rejoin.Store(rj)
 		return rj
 	}
