@@ -834,6 +834,15 @@ func TestHopKeepsStreamsOfASlowPeer(t *testing.T) {
 			t.Errorf("stream %d through the slow hop: %s", i, r)
 		}
 	}
+	// The streams went over HTTP/2, on a connection the hop's watch holds
+	// (an HTTP/1.1 one would be neither pinged nor watched).
+	w := east.gw.upstreams.hop
+	w.mu.Lock()
+	watched := len(w.conns)
+	w.mu.Unlock()
+	if watched == 0 {
+		t.Error("no hop connection is watched: the hop did not speak HTTP/2")
+	}
 }
 
 // TestReadingAgesAtDefaultIntervals reports, for BENCHMARKS.md, how old
