@@ -836,11 +836,7 @@ func TestHopKeepsStreamsOfASlowPeer(t *testing.T) {
 	}
 	// The streams went over HTTP/2, on a connection the hop's watch holds
 	// (an HTTP/1.1 one would be neither pinged nor watched).
-	w := east.gw.upstreams.hop
-	w.mu.Lock()
-	watched := len(w.conns)
-	w.mu.Unlock()
-	if watched == 0 {
+	if gateway.WatchedHopConns(east.gw) == 0 {
 		t.Error("no hop connection is watched: the hop did not speak HTTP/2")
 	}
 }

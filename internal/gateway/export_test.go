@@ -28,3 +28,12 @@ func StartNginx(b *testing.B, upstream string) (url string, master int) {
 
 // NginxRSS is nginxRSS: the resident memory of the masters and workers.
 func NginxRSS(masters ...int) int64 { return nginxRSS(masters...) }
+
+// WatchedHopConns is how many hop connections g's liveness watch holds
+// (hoplive.go).
+func WatchedHopConns(g *Gateway) int {
+	w := g.upstreams.hop
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.conns)
+}
