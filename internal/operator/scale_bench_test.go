@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/loadstore"
 	"github.com/grid-inference/grid/internal/route"
 	"github.com/grid-inference/grid/internal/signals"
@@ -67,8 +68,12 @@ func newScaledOperator(tb testing.TB, sites int) *scaledOperator {
 	for i := 1; i < sites; i++ {
 		peers = append(peers, fmt.Sprintf("s%02d", i))
 	}
-	op := newPeeringOperator(tb, "s00", peers...)
-	s := &scaledOperator{op: op, answers: map[string][]byte{}, at: time.Now()}
+	// The operator restamps what it admits on its own clock: a fake one
+	// reading the instant the answers are dated, so building a 100-site
+	// grid on a busy machine does not age the relay past its Date.
+	at := time.Now()
+	op := newPeeringOperatorOn(tb, clock.NewFake(at), "s00", peers...)
+	s := &scaledOperator{op: op, answers: map[string][]byte{}, at: at}
 	for _, ps := range op.poller.snapshot() {
 		s.answers[ps.cfg.Site] = peerAnswer(ps.cfg.Site, s.at.UnixMilli())
 	}
