@@ -375,7 +375,7 @@ const (
 	upstreamConnectTimeout upstreamFailure = "connect_timeout" // no connection within upstream.connectTimeout
 	upstreamTLS            upstreamFailure = "tls"             // handshake failed or timed out, or the wrong identity
 	upstreamNotDelivered   upstreamFailure = "not_delivered"   // a peer gateway's providers all refused it
-	upstreamLost           upstreamFailure = "connection_lost" // the connection died before any answer (a hop ping went unanswered)
+	upstreamLost           upstreamFailure = "connection_lost" // the connection died before any answer (a hop connection went silent)
 	upstreamResponse       upstreamFailure = "response_timeout"
 	upstreamStream         upstreamFailure = "stream" // the answer was cut after its headers
 	upstreamTransport      upstreamFailure = "transport"
@@ -415,7 +415,7 @@ func classifyUpstream(err error) upstreamFailure {
 		return upstreamTLS
 	case strings.Contains(msg, "timeout awaiting response headers"):
 		return upstreamResponse
-	case strings.Contains(msg, "client connection lost"), strings.Contains(msg, "connection lost"):
+	case errors.Is(err, errHopSilent), strings.Contains(msg, "connection lost"):
 		return upstreamLost
 	}
 	return upstreamTransport

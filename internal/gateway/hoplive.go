@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The hop's liveness check (docs/reliability.md).
+// The hop's liveness check (docs/gateway.md, the hop speaks HTTP/2).
 //
 // net/http pings a peer gateway's HTTP/2 connection that carried no frame
 // for hopPingAfter, and the peer's HTTP/2 stack answers whatever its
@@ -42,8 +42,8 @@ const (
 	hopPingBackstop = 10 * time.Second
 )
 
-// errHopSilent is the read error of a connection the watch closed; its text
-// classifies as connection_lost (classifyUpstream).
+// errHopSilent is the read error of a connection the watch closed,
+// classified connection_lost (classifyUpstream).
 var errHopSilent = fmt.Errorf("hop connection lost: the peer sent nothing for %v", hopSilenceLimit)
 
 // hopWatch holds the hop's live HTTP/2 connections. Its run loop is the

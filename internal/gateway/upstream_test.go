@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -104,6 +105,8 @@ func TestClassifyUpstream(t *testing.T) {
 		{&tls.CertificateVerificationError{Err: errors.New("bad")}, upstreamTLS, true},
 		{fmt.Errorf("modify: %w", errNotDelivered), upstreamNotDelivered, true},
 		{errors.New("http2: client connection lost"), upstreamLost, true},
+		{&net.OpError{Op: "read", Err: errHopSilent}, upstreamLost, true},
+		{fmt.Errorf("hop 127.0.0.1:1: TLS handshake timeout: %w", context.DeadlineExceeded), upstreamTLS, true},
 		{errors.New("net/http: timeout awaiting response headers"), upstreamResponse, false},
 		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, upstreamTransport, false},
 	} {
