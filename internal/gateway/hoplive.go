@@ -89,14 +89,14 @@ func (c *hopConn) Close() error {
 	return c.Conn.Close()
 }
 
-// dialer returns the hop transport's DialTLSContext: a TCP connection
-// within the connect timeout, its TLS handshake (conf, offering HTTP/2)
-// within the same again, and the connection watched when it speaks HTTP/2
-// (an HTTP/1.1 connection is not pinged, so its silence means nothing).
-func (w *hopWatch) dialer(conf *tls.Config, connectTimeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+// dialer returns the hop transport's DialTLSContext: a TCP connection by
+// dial (the pool's own, bounded by the connect timeout), its TLS handshake
+// (conf, offering HTTP/2) within the connect timeout again, and the
+// connection watched when it speaks HTTP/2 (an HTTP/1.1 connection is not
+// pinged, so its silence means nothing).
+func (w *hopWatch) dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error), conf *tls.Config, connectTimeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		raw, err := d.DialContext(ctx, network, addr)
+		raw, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}

@@ -78,7 +78,7 @@ func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 		return nil, err
 	}
 	t := newTransport(u.limits)
-	t.DialTLSContext = u.hop.dialer(conf, u.limits.ConnectTimeout.D())
+	t.DialTLSContext = u.hop.dialer(t.DialContext, conf, u.limits.ConnectTimeout.D())
 	t.ForceAttemptHTTP2 = true
 	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: hopPingAfter, PingTimeout: hopPingBackstop}
 	u.remote[c.Site] = t
