@@ -155,27 +155,56 @@ func (g *generator) send(ctx context.Context, r Request, arrived time.Time) outc
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	whole := false
+	whole, errorEvent := false, ""
 	for sc.Scan() {
 		line := sc.Bytes()
 		if !bytes.HasPrefix(line, []byte("data:")) {
 			continue
 		}
+		data := bytes.TrimSpace(line[5:])
+		if bytes.Equal(data, []byte("[DONE]")) {
+			whole = true
+			continue
+		}
+		if code, ok := streamErrorCode(data); ok {
+			errorEvent = code
+			continue
+		}
 		if o.ttft == 0 {
 			o.ttft = time.Since(arrived)
-		}
-		if bytes.Equal(bytes.TrimSpace(line[5:]), []byte("[DONE]")) {
-			whole = true
 		}
 	}
 	o.e2e = time.Since(arrived)
 	switch {
+	case errorEvent != "":
+		o.err = "stream error event: " + errorEvent
 	case sc.Err() != nil:
 		o.err = "stream: " + sc.Err().Error()
 	case !whole:
 		o.err = "stream ended without [DONE]"
 	}
 	return o
+}
+
+// streamErrorCode reads an event in the OpenAI error shape ({"error":
+// {..., "code": ...}}, the gateway's terminal event, docs/gateway.md) and
+// returns its code ("unknown" without one).
+func streamErrorCode(data []byte) (string, bool) {
+	if !bytes.HasPrefix(data, []byte(`{"error"`)) {
+		return "", false
+	}
+	var ev struct {
+		Error *struct {
+			Code any `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &ev) != nil || ev.Error == nil {
+		return "", false
+	}
+	if code, ok := ev.Error.Code.(string); ok && code != "" {
+		return code, true
+	}
+	return "unknown", true
 }
 
 // waitRouted waits until every entry point answers a short completion: the

@@ -133,9 +133,14 @@ type Result struct {
 }
 
 // errorKind is the class of what a failed request's client saw: a stream
-// cut after it began, a refused or reset connection, or a status.
+// that ended with an error event (the gateway's terminal event, the
+// stream's end told), a stream cut after it began (a broken connection,
+// or an end without [DONE] a client may take for the whole answer), a
+// refused or reset connection, or a status.
 func errorKind(err string) string {
 	switch {
+	case strings.HasPrefix(err, "stream error event"):
+		return "stream error event"
 	case strings.HasPrefix(err, "stream"):
 		return "stream cut"
 	case strings.HasPrefix(err, "status "):

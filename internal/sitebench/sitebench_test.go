@@ -147,9 +147,10 @@ func TestIntervalIsStudents(t *testing.T) {
 
 func TestErrorKinds(t *testing.T) {
 	for err, want := range map[string]string{
-		"stream: unexpected EOF":      "stream cut",
-		"stream ended without [DONE]": "stream cut",
-		"status 503: no healthy site": "status 503",
+		"stream: unexpected EOF":                 "stream cut",
+		"stream ended without [DONE]":            "stream cut",
+		"stream error event: stream_interrupted": "stream error event",
+		"status 503: no healthy site":            "status 503",
 		"transport: Post \"http://x\": dial tcp 127.0.0.1:1: connect: connection refused": "refused",
 		"transport: Post \"http://x\": EOF":                                               "transport",
 	} {
@@ -191,5 +192,20 @@ func TestFreeAddrStaysBelowTheEphemeralRange(t *testing.T) {
 			t.Errorf("%s handed out twice", a)
 		}
 		seen[a] = true
+	}
+}
+
+func TestStreamErrorEventIsRead(t *testing.T) {
+	for data, want := range map[string]string{
+		// The gateway's terminal event (docs/gateway.md).
+		`{"error":{"message":"the upstream's connection broke before the answer was complete","type":"server_error","code":"stream_interrupted"}}`: "stream_interrupted",
+		`{"error":{"message":"overloaded","type":"server_error","code":null}}`:                                                                     "unknown",
+		`{"id":"x","choices":[{"delta":{"content":"{\"error\""}}]}`:                                                                                "",
+		`{"error"`: "",
+	} {
+		code, ok := streamErrorCode([]byte(data))
+		if code != want || ok != (want != "") {
+			t.Errorf("streamErrorCode(%s) = %q, %v; want %q", data, code, ok, want)
+		}
 	}
 }
