@@ -1,0 +1,392 @@
+package h1client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newTransport() *Transport {
+	return &Transport{DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, MaxIdleConnsPerHost: 4}
+}
+
+// countingServer is an httptest server that counts the connections it
+// accepted.
+func countingServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int32) {
+	var conns atomic.Int32
+	s := httptest.NewUnstartedServer(h)
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	return s, &conns
+}
+
+// closeRecorder is a request body that remembers being closed.
+type closeRecorder struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error { c.closed.Store(true); return nil }
+
+func post(t *testing.T, tr *Transport, ctx context.Context, url, body string) (*http.Response, *closeRecorder, error) {
+	t.Helper()
+	b := &closeRecorder{Reader: strings.NewReader(body)}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(body))
+	resp, err := tr.RoundTrip(req)
+	return resp, b, err
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	return string(b)
+}
+
+func TestKeptAliveConnectionIsReused(t *testing.T) {
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, "echo:"+string(b))
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	for i := range 5 {
+		resp, body, err := post(t, tr, context.Background(), s.URL+"/v1/chat/completions", `{"n":1}`)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := readAll(t, resp); got != `echo:{"n":1}` {
+			t.Fatalf("request %d: answer %q", i, got)
+		}
+		if !body.closed.Load() {
+			t.Errorf("request %d: the request body was not closed", i)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("5 sequential requests opened %d connections; want 1", n)
+	}
+}
+
+// rawServer accepts connections and hands each to serve on its own
+// goroutine.
+func rawServer(t *testing.T, serve func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); defer c.Close(); serve(c) }()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+func TestHeadAndBodyLeaveInOneWrite(t *testing.T) {
+	first := make(chan string, 1)
+	url := rawServer(t, func(c net.Conn) {
+		buf := make([]byte, 64<<10)
+		n, _ := c.Read(buf)
+		first <- string(buf[:n])
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
+	resp, _, err := post(t, tr, context.Background(), url+"/v1/chat/completions?a=b", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	got := <-first
+	head, rest, ok := strings.Cut(got, "\r\n\r\n")
+	if !ok || rest != body {
+		t.Fatalf("the upstream's first read held %d bytes, not the head and the whole body:\n%.300s", len(got), got)
+	}
+	if !strings.HasPrefix(head, "POST /v1/chat/completions?a=b HTTP/1.1\r\nHost: ") || !strings.Contains(head, "\r\nContent-Length: "+strconv.Itoa(len(body))) {
+		t.Errorf("head:\n%s", head)
+	}
+}
+
+func TestClosedIdleConnectionIsReplacedAndTheRequestWrittenAgain(t *testing.T) {
+	var conns atomic.Int32
+	url := rawServer(t, func(c net.Conn) {
+		conns.Add(1)
+		r := bufio.NewReader(c)
+		req, err := http.ReadRequest(r)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		// Keeps nothing alive, though it does not say so: the next
+		// request on this connection finds it closed.
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	for i := range 3 {
+		resp, _, err := post(t, tr, context.Background(), url, `{"turn":1}`)
+		if err != nil {
+			t.Fatalf("request %d on a connection the server had closed: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("request %d: %q", i, got)
+		}
+	}
+	if n := conns.Load(); n < 3 {
+		t.Errorf("%d connections for 3 requests the server answered once each", n)
+	}
+}
+
+func TestLargeBodyGoesOnAFreshConnectionAndAnEarlyAnswerIsRead(t *testing.T) {
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 1<<20 {
+			// Answers before reading: the body is refused.
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		io.WriteString(w, strings.Repeat("y", int(n%7)))
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	resp, _, err := post(t, tr, context.Background(), s.URL, "small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	big := strings.Repeat("z", inlineBody+1)
+	resp, body, err := post(t, tr, context.Background(), s.URL, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); got != strings.Repeat("y", len(big)%7) {
+		t.Errorf("answer to a %d-byte body: %q", len(big), got)
+	}
+	if !body.closed.Load() {
+		t.Error("the large body was not closed")
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("a large body after a small request used %d connections in all; want 2 (a fresh one)", n)
+	}
+	resp, body, err = post(t, tr, context.Background(), s.URL, strings.Repeat("z", 8<<20))
+	if err != nil {
+		t.Fatalf("a body the upstream refused before reading it: %v", err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("status %d; want the upstream's 413", resp.StatusCode)
+	}
+	if !body.closed.Load() {
+		t.Error("the refused body was not closed")
+	}
+}
+
+func TestResponseHeaderTimeout(t *testing.T) {
+	release := make(chan struct{})
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) { <-release })
+	defer close(release)
+	tr := newTransport()
+	tr.ResponseHeaderTimeout = 100 * time.Millisecond
+	_, _, err := post(t, tr, context.Background(), s.URL, "x")
+	if !errors.Is(err, ErrResponseHeaderTimeout) || !strings.Contains(err.Error(), "timeout awaiting response headers") {
+		t.Fatalf("err = %v; want the response header timeout", err)
+	}
+}
+
+func TestStreamIsReadAsItComesAndCancellingEndsIt(t *testing.T) {
+	next := make(chan struct{})
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush()
+		for range next {
+			io.WriteString(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+		}
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, _, err := post(t, tr, ctx, s.URL, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for i := range 3 {
+		next <- struct{}{}
+		n, err := resp.Body.Read(buf)
+		if err != nil || string(buf[:n]) != "data: {}\n\n" {
+			t.Fatalf("event %d: %q, %v", i, buf[:n], err)
+		}
+	}
+	cancel()
+	if _, err := resp.Body.Read(buf); !errors.Is(err, context.Canceled) {
+		t.Errorf("read after cancelling: %v; want context.Canceled", err)
+	}
+	resp.Body.Close()
+	close(next)
+	// The cancelled stream's connection is not reused.
+	s.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	resp, _, err = post(t, tr, context.Background(), s.URL, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections; want 2: a cancelled stream's is closed", n)
+	}
+}
+
+func TestAnswerCutMidwayIsAnErrorNotAnEnd(t *testing.T) {
+	for _, tc := range []struct{ name, answer string }{
+		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"},
+		{"length", "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := rawServer(t, func(c net.Conn) {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				io.WriteString(c, tc.answer)
+			})
+			tr := newTransport()
+			resp, _, err := post(t, tr, context.Background(), url, "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(got) != "hello" || !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("read %q, %v; want hello and io.ErrUnexpectedEOF", got, err)
+			}
+		})
+	}
+}
+
+func TestInterimAnswersAreSkippedAndCloseIsHonoured(t *testing.T) {
+	var conns atomic.Int32
+	url := rawServer(t, func(c net.Conn) {
+		conns.Add(1)
+		r := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(r)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 4\r\n\r\ndone")
+		}
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	for range 2 {
+		resp, _, err := post(t, tr, context.Background(), url, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, resp); resp.StatusCode != 200 || got != "done" {
+			t.Fatalf("%d %q; want 200 done", resp.StatusCode, got)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections; want 2 (each answer said close)", n)
+	}
+}
+
+func TestHeadCannotBeSplit(t *testing.T) {
+	var seen http.Header
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) { seen = r.Header.Clone() })
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodPost, s.URL, bytes.NewReader([]byte("x")))
+	req.Header["X-Note"] = []string{"a\r\nX-Injected: yes"}
+	req.Header.Set("User-Agent", "")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if seen.Get("X-Injected") != "" || seen.Get("X-Note") != "a  X-Injected: yes" {
+		t.Errorf("header value with a line break arrived as %q (X-Injected %q)", seen.Get("X-Note"), seen.Get("X-Injected"))
+	}
+	if _, ok := seen["User-Agent"]; ok {
+		t.Errorf("an empty User-Agent was sent as %q; want none", seen.Get("User-Agent"))
+	}
+	body := &closeRecorder{Reader: strings.NewReader("x")}
+	req, _ = http.NewRequest(http.MethodPost, s.URL, body)
+	req.Header["Bad Name"] = []string{"v"}
+	if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "invalid header name") {
+		t.Errorf("a header name with a space: %v; want refused", err)
+	}
+	if !body.closed.Load() {
+		t.Error("the refused request's body was not closed")
+	}
+}
+
+func TestRefusedConnectIsADialError(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, body, err := post(t, newTransport(), context.Background(), "http://"+addr, "x")
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" {
+		t.Fatalf("err = %v; want a dial *net.OpError", err)
+	}
+	if !body.closed.Load() {
+		t.Error("the body of a request that never left was not closed")
+	}
+}
+
+func TestIdleConnectionsExpire(t *testing.T) {
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tr := newTransport()
+	tr.IdleConnTimeout = time.Nanosecond
+	defer tr.CloseIdleConnections()
+	for range 2 {
+		resp, _, err := post(t, tr, context.Background(), s.URL, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		time.Sleep(time.Millisecond) // past the idle timeout, not a wait for a condition
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections; want 2 (the first expired idle)", n)
+	}
+}
