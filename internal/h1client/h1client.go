@@ -166,7 +166,14 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request, ms
 		wrote = make(chan error, 1)
 		go func() { wrote <- writeBody(c.nc, req) }()
 	}
-	resp, err := readHead(c.br, req)
+	// The first byte apart: a connection that ends before it lost the
+	// request, one that ends after it broke an answer.
+	_, err := c.br.Peek(1)
+	lost := err != nil && isLost(err)
+	var resp *http.Response
+	if err == nil {
+		resp, err = readHead(c.br, req)
+	}
 	if err != nil {
 		if wrote != nil {
 			c.nc.Close()
@@ -176,7 +183,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request, ms
 		switch {
 		case errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil:
 			err = ErrResponseHeaderTimeout
-		case c.br.Buffered() == 0 && isLost(err):
+		case lost:
 			err = fmt.Errorf("%w: %w", ErrConnectionLost, err)
 		}
 		return fail(err)

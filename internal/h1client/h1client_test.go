@@ -390,3 +390,24 @@ func TestIdleConnectionsExpire(t *testing.T) {
 		t.Errorf("%d connections; want 2 (the first expired idle)", n)
 	}
 }
+
+func TestAnswerHeadCutIsNotALostConnection(t *testing.T) {
+	url := rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Ty")
+	})
+	_, _, err := post(t, newTransport(), context.Background(), url, "x")
+	if err == nil || errors.Is(err, ErrConnectionLost) {
+		t.Errorf("an answer cut in its head: %v; want an error other than ErrConnectionLost (the upstream had the request)", err)
+	}
+	url = rawServer(t, func(c net.Conn) {
+		http.ReadRequest(bufio.NewReader(c))
+	})
+	if _, _, err := post(t, newTransport(), context.Background(), url, "x"); !errors.Is(err, ErrConnectionLost) {
+		t.Errorf("a connection closed with no answer: %v; want ErrConnectionLost", err)
+	}
+}
