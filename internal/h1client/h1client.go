@@ -15,9 +15,10 @@
 //
 // What it does not do: TLS, HTTP/2, proxies, upgrades, compression, or
 // watching an idle connection. A kept-alive connection its server closed
-// is found when it is next used: a request whose whole body was written
-// with its head is then written again, once, on a fresh connection; a
-// larger body is only ever sent on a fresh connection.
+// is found when it is next used: every idle connection to that server is
+// then closed, and a request whose whole body was written with its head
+// is written again, once, on a fresh connection; a larger body is only
+// ever sent on a fresh connection.
 package h1client
 
 import (
@@ -120,7 +121,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	*bp = msg
 	for try := 0; ; try++ {
-		c, err := t.get(ctx, addr, !inline)
+		c, err := t.get(ctx, addr, !inline || try > 0)
 		if err != nil {
 			if !inline {
 				closeBody(req)
@@ -132,9 +133,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		// A kept-alive connection its server had closed fails before any
-		// answer; the request may not have reached the server at all.
-		if errors.Is(err, ErrConnectionLost) && c.reused && inline && try == 0 && ctx.Err() == nil {
-			continue
+		// answer; the request may not have reached the server at all. A
+		// server that closed one may have restarted and closed them all:
+		// the others go too, or each would fail a request in turn (and a
+		// provider restarted after a failure be taken for down again).
+		if errors.Is(err, ErrConnectionLost) && c.reused {
+			t.closeIdle(addr)
+			if inline && try == 0 && ctx.Err() == nil {
+				continue
+			}
 		}
 		return nil, err
 	}
@@ -378,6 +385,16 @@ func (t *Transport) CloseIdleConnections() {
 		}
 		delete(t.idle, addr)
 	}
+}
+
+// closeIdle closes the idle connections to addr.
+func (t *Transport) closeIdle(addr string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range t.idle[addr] {
+		c.nc.Close()
+	}
+	delete(t.idle, addr)
 }
 
 // encodeHead appends req's request line and header to buf, and reports

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -409,5 +410,69 @@ func TestAnswerHeadCutIsNotALostConnection(t *testing.T) {
 	})
 	if _, _, err := post(t, newTransport(), context.Background(), url, "x"); !errors.Is(err, ErrConnectionLost) {
 		t.Errorf("a connection closed with no answer: %v; want ErrConnectionLost", err)
+	}
+}
+
+// TestRestartedServerCostsOneFailedWrite: a server that restarts closes
+// every kept-alive connection at once. The first request after it finds
+// one closed, drops the others and is written again on a fresh
+// connection; no request fails for it.
+func TestRestartedServerCostsOneFailedWrite(t *testing.T) {
+	release := make(chan struct{})
+	var held sync.WaitGroup
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			held.Done()
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	// Four concurrent requests leave four idle connections.
+	held.Add(4)
+	var done sync.WaitGroup
+	for range 4 {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			req, _ := http.NewRequest(http.MethodGet, s.URL, nil)
+			req.Header.Set("X-Hold", "1")
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	held.Wait()
+	close(release)
+	done.Wait()
+	u, _ := url.Parse(s.URL)
+	tr.mu.Lock()
+	idle := len(tr.idle[u.Host])
+	tr.mu.Unlock()
+	if idle != 4 {
+		t.Fatalf("%d idle connections; want 4", idle)
+	}
+	s.CloseClientConnections() // the restart
+	before := conns.Load()
+	for i := range 4 {
+		resp, _, err := post(t, tr, context.Background(), s.URL, "x")
+		if err != nil {
+			t.Fatalf("request %d after the restart: %v", i, err)
+		}
+		readAll(t, resp)
+	}
+	if n := conns.Load() - before; n != 1 {
+		t.Errorf("4 sequential requests after the restart opened %d connections; want 1", n)
+	}
+	tr.mu.Lock()
+	idle = len(tr.idle[u.Host])
+	tr.mu.Unlock()
+	if idle != 1 {
+		t.Errorf("%d idle connections after the restart; want the 1 fresh one", idle)
 	}
 }
