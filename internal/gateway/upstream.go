@@ -24,9 +24,8 @@ const (
 	hopPingAfter = 300 * time.Millisecond
 )
 
-// upstreams holds the keep-alive connection pools: one HTTP/1.1 transport
-// for this site's providers, one HTTP/2 mTLS transport per remote site's
-// gateway.
+// upstreams holds the keep-alive connection pools: this site's providers'
+// (localTransport), one HTTP/2 mTLS transport per remote site's gateway.
 type upstreams struct {
 	id     *identity.Source
 	limits config.Upstream

@@ -14,11 +14,12 @@
 // goroutine switches (BENCHMARKS.md, CPU per request).
 //
 // What it does not do: TLS, HTTP/2, proxies, upgrades, compression, or
-// watching an idle connection. A kept-alive connection its server closed
-// is found when it is next used: every idle connection to that server is
-// then closed, and a request whose whole body was written with its head
-// is written again, once, on a fresh connection; a larger body is only
-// ever sent on a fresh connection.
+// watching an idle connection. One idle for a second or more is peeked at
+// before it is used again; one its server closed is otherwise found when
+// it is next used. Either way every idle connection to that server is then
+// closed, and a request whose whole body was written with its head is
+// written again, once, on a fresh connection; a larger body is only ever
+// sent on a fresh connection.
 package h1client
 
 import (
@@ -305,12 +306,23 @@ func (b *body) finish(whole bool) {
 	b.c.nc.Close()
 }
 
+// probeAfter is how long a connection may sit idle before it is peeked at
+// (closedByPeer) on its way out of the pool: one under load never is, and
+// one a provider may have closed for idleness (uvicorn's keep-alive
+// timeout is 5 s) or a restart is found before a request is written on it.
+const probeAfter = time.Second
+
 // get returns an idle connection to addr, or a new one; fresh asks for a
 // new one.
 func (t *Transport) get(ctx context.Context, addr string, fresh bool) (*conn, error) {
 	if !fresh {
 		if c := t.takeIdle(addr); c != nil {
-			return c, nil
+			if time.Since(c.idleFrom) < probeAfter || !closedByPeer(c.nc) {
+				return c, nil
+			}
+			// Closed while idle: so, likely, are the others (a restart).
+			c.nc.Close()
+			t.closeIdle(addr)
 		}
 	}
 	nc, err := t.DialContext(ctx, "tcp", addr)

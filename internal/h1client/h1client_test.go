@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -474,5 +476,67 @@ func TestRestartedServerCostsOneFailedWrite(t *testing.T) {
 	tr.mu.Unlock()
 	if idle != 1 {
 		t.Errorf("%d idle connections after the restart; want the 1 fresh one", idle)
+	}
+}
+
+// writeCounter counts the writes on the connections it dialled; it keeps
+// the connection's descriptor reachable, as the probe needs.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c writeCounter) Write(p []byte) (int, error) { c.writes.Add(1); return c.Conn.Write(p) }
+
+func (c writeCounter) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// TestIdleConnectionClosedByItsServerIsNotWrittenOn: a connection idle
+// past probeAfter that its server closed meanwhile (a keep-alive timeout)
+// is found by the peek and replaced before any request is written on it.
+func TestIdleConnectionClosedByItsServerIsNotWrittenOn(t *testing.T) {
+	var closed atomic.Int32
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	s.Start()
+	defer s.Close()
+	var writes atomic.Int32
+	dial := (&net.Dialer{Timeout: 2 * time.Second}).DialContext
+	tr := &Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{Conn: c, writes: &writes}, nil
+	}}
+	defer tr.CloseIdleConnections()
+	resp, _, err := post(t, tr, context.Background(), s.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	u, _ := url.Parse(s.URL)
+	tr.mu.Lock()
+	tr.idle[u.Host][0].idleFrom = time.Now().Add(-2 * probeAfter)
+	tr.mu.Unlock()
+	s.CloseClientConnections()
+	for closed.Load() == 0 {
+		runtime.Gosched()
+	}
+	// The client's side has the server's FIN once the server's close
+	// returned; the peek reads it.
+	writes.Store(0)
+	resp, _, err = post(t, tr, context.Background(), s.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if n := writes.Load(); n != 1 {
+		t.Errorf("%d writes for one request after its idle connection was closed; want 1 (none on the closed one)", n)
 	}
 }
