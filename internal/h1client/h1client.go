@@ -286,17 +286,20 @@ func (b *body) finish(whole bool) {
 	b.done = true
 	stopped := b.stop()
 	if b.wrote != nil {
+		written := false
 		if whole {
 			select {
 			case err := <-b.wrote:
-				whole = err == nil
+				written, whole = true, err == nil
 			default:
 				whole = false // the upstream answered before it took the body
 			}
 		}
 		if !whole {
 			b.c.nc.Close()
-			<-b.wrote
+			if !written {
+				<-b.wrote // the write fails on the closed connection
+			}
 		}
 	}
 	if whole && stopped {

@@ -540,3 +540,44 @@ func TestIdleConnectionClosedByItsServerIsNotWrittenOn(t *testing.T) {
 		t.Errorf("%d writes for one request after its idle connection was closed; want 1 (none on the closed one)", n)
 	}
 }
+
+type failingBody struct{ closed atomic.Bool }
+
+func (*failingBody) Read([]byte) (int, error) { return 0, errors.New("the client's body broke") }
+func (b *failingBody) Close() error           { b.closed.Store(true); return nil }
+
+// TestBodyThatFailsWhileTheAnswerComes: a large body whose reading fails
+// while the upstream answers anyway: the answer is read whole, its end
+// does not wait on the failed write, and the connection is not reused.
+func TestBodyThatFailsWhileTheAnswerComes(t *testing.T) {
+	var conns atomic.Int32
+	url := rawServer(t, func(c net.Conn) {
+		conns.Add(1)
+		r := bufio.NewReader(c)
+		if _, err := http.ReadRequest(r); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		io.Copy(io.Discard, r) // until the client closes
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	for i := range 2 {
+		body := &failingBody{}
+		req, _ := http.NewRequest(http.MethodPost, url, body)
+		req.ContentLength = inlineBody + 1
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("request %d: %q", i, got)
+		}
+		if !body.closed.Load() {
+			t.Errorf("request %d: its body was not closed", i)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections; want 2 (a request whose body failed leaves its connection)", n)
+	}
+}
