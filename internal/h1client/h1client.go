@@ -414,14 +414,14 @@ func (t *Transport) closeIdle(addr string) {
 
 // encodeHead appends req's request line and header to buf, and reports
 // whether its body is small and known enough to follow in the same write.
-// Header values have their line breaks turned into spaces (as net/http
-// does); a header name or host that could split the head is refused.
+// A method, host, URI, header name or value that could split the head is
+// refused, as net/http's transport refuses it.
 func encodeHead(buf []byte, req *http.Request) ([]byte, bool, error) {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
 	}
-	if !validHeaderValue(host) {
+	if !validHost(host) {
 		return nil, false, fmt.Errorf("h1client: invalid host %q", host)
 	}
 	method := req.Method
@@ -432,7 +432,7 @@ func encodeHead(buf []byte, req *http.Request) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("h1client: invalid method %q", method)
 	}
 	uri := req.URL.RequestURI()
-	if !validHeaderValue(uri) || strings.ContainsRune(uri, ' ') {
+	if !strings.HasPrefix(uri, "/") || !validHeaderValue(uri) || strings.ContainsRune(uri, ' ') {
 		return nil, false, fmt.Errorf("h1client: invalid request URI %q", uri)
 	}
 	buf = append(buf, method...)
@@ -469,9 +469,12 @@ func encodeHead(buf []byte, req *http.Request) ([]byte, bool, error) {
 			if v == "" && name == "User-Agent" {
 				continue // net/http's way of asking for none
 			}
+			if !validHeaderValue(v) {
+				return nil, false, fmt.Errorf("h1client: invalid value of header %q", name)
+			}
 			buf = append(buf, name...)
 			buf = append(buf, ": "...)
-			buf = appendValue(buf, v)
+			buf = append(buf, v...)
 			buf = append(buf, "\r\n"...)
 		}
 	}
@@ -528,18 +531,23 @@ func closeBody(req *http.Request) {
 	}
 }
 
-// appendValue appends a header value with CR and LF turned into spaces.
-func appendValue(buf []byte, v string) []byte {
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c == '\r' || c == '\n' {
-			c = ' '
+// validHost reports whether s holds only the bytes a Host header may
+// (RFC 3986's reg-name, IP literals and a port).
+func validHost(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0:
+		default:
+			return false
 		}
-		buf = append(buf, c)
 	}
-	return buf
+	return true
 }
 
+// validHeaderValue reports whether s has no control byte but tab: no line
+// break can split the head (net/http's transport refuses the same).
 func validHeaderValue(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
