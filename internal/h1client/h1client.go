@@ -432,7 +432,7 @@ func encodeHead(buf []byte, req *http.Request) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("h1client: invalid method %q", method)
 	}
 	uri := req.URL.RequestURI()
-	if !strings.HasPrefix(uri, "/") || !validHeaderValue(uri) || strings.ContainsRune(uri, ' ') {
+	if !strings.HasPrefix(uri, "/") || strings.ContainsFunc(uri, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return nil, false, fmt.Errorf("h1client: invalid request URI %q", uri)
 	}
 	buf = append(buf, method...)
