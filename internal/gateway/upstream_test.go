@@ -5,14 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
-	"github.com/grid-inference/grid/internal/h1client"
 	"github.com/grid-inference/grid/internal/route"
 )
 
@@ -110,8 +108,6 @@ func TestClassifyUpstream(t *testing.T) {
 		{&net.OpError{Op: "read", Err: errHopSilent}, upstreamLost, true},
 		{fmt.Errorf("hop 127.0.0.1:1: TLS handshake timeout: %w", context.DeadlineExceeded), upstreamTLS, true},
 		{errors.New("net/http: timeout awaiting response headers"), upstreamResponse, false},
-		{h1client.ErrResponseHeaderTimeout, upstreamResponse, false},
-		{fmt.Errorf("%w: %w", h1client.ErrConnectionLost, io.ErrUnexpectedEOF), upstreamLost, true},
 		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, upstreamTransport, false},
 	} {
 		got := classifyUpstream(tc.err)

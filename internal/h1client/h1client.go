@@ -533,18 +533,7 @@ func closeBody(req *http.Request) {
 
 // validHost reports whether s holds only the bytes a Host header may
 // (RFC 3986's reg-name, IP literals and a port).
-func validHost(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
+func validHost(s string) bool { return alnumOr(s, "!$%&'()*+,-.:;=[]_~") }
 
 // validHeaderValue reports whether s has no control byte but tab: no line
 // break can split the head (net/http's transport refuses the same).
@@ -559,16 +548,14 @@ func validHeaderValue(s string) bool {
 
 // validToken reports whether s is an RFC 9110 token (a method, a field
 // name).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
+func validToken(s string) bool { return s != "" && alnumOr(s, "!#$%&'*+-.^_`|~") }
+
+// alnumOr reports whether every byte of s is a letter, a digit or one of
+// extra.
+func alnumOr(s, extra string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0) {
 			return false
 		}
 	}
