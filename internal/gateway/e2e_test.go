@@ -540,17 +540,28 @@ func saturate(t *testing.T, policy string, floor float64, least int) {
 	}
 	t.Logf("%d of 100 new requests went west", west)
 	if west < least {
-		rec := httptest.NewRecorder()
-		east.gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		for _, l := range strings.Split(rec.Body.String(), "\n") {
-			if strings.HasPrefix(l, "grid_route_") {
-				t.Log(l)
-			}
-		}
+		logSeries(t, "east", east.gw, "grid_route_")
 		t.Errorf("only %d of 100 new requests avoided the saturated site, want %d", west, least)
 	}
 	cancel()
 	wg.Wait()
+}
+
+// logSeries logs a gateway's series whose names start with one of
+// prefixes: what a failed routing assertion needs to be read (where the
+// picks went, which attempts failed and were retried elsewhere).
+func logSeries(t *testing.T, site string, gw *gateway.Gateway, prefixes ...string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, l := range strings.Split(rec.Body.String(), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				t.Logf("%s: %s", site, l)
+				break
+			}
+		}
+	}
 }
 
 func deref(p *float64) float64 {
@@ -666,6 +677,10 @@ func idleSplit(t *testing.T, policy string) {
 		t.Errorf("served %v", served)
 	}
 	if share < 0.65 || share > 0.85 {
+		for _, site := range []string{"east", "west"} {
+			logSeries(t, site, g[site].gw, "grid_route_selections_total", "grid_route_decisions_total",
+				"grid_gateway_upstream_", "grid_route_site_", "grid_gateway_reading_age_seconds")
+		}
 		t.Errorf("west's share %.2f, want about 0.75 (capacity 12 of 16)", share)
 	}
 }
