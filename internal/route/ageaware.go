@@ -60,9 +60,9 @@ type ageAwarePicker struct {
 
 // ageCandidate is what the age-aware policy reads of one candidate.
 type ageCandidate struct {
-	// read: the candidate has a reading (Candidate.latestAt); interpreted:
-	// it is also admitted for new requests, healthy and measured, so the
-	// draw reads it.
+	// read: the candidate has a reading (Candidate.latestAt), or is
+	// assumed; interpreted: it is also admitted for new requests, healthy
+	// and measured or assumed, so the draw reads it.
 	read, interpreted bool
 	// slot is the place of the candidate's site among the sites of its
 	// model's healthy candidates (assignSlots): the draw weighs sites,
@@ -136,7 +136,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.read = true
 		a.readLoad, a.holdMs = c.latestInFlight/c.Ceiling, c.backlogMs
-		a.interpreted = c.Admission == NewAndExisting && !math.IsNaN(c.Score) && c.Measured
+		a.interpreted = c.Admission == NewAndExisting && !math.IsNaN(c.Score) && (c.Measured || c.assumed)
 		if p.opts.IgnoreOwnSends {
 			continue
 		}
@@ -186,8 +186,8 @@ func recordClaims(snap *Snapshot, pk *ageAwarePicker) {
 	claims := map[*Served]*claim{}
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
-		if a.served == nil || !a.read {
-			continue
+		if a.served == nil || !a.read || c.assumed {
+			continue // an assumed reading claims nothing
 		}
 		cl := claims[a.served]
 		if cl == nil {

@@ -1393,3 +1393,39 @@ func TestCapacityFollowsReadyUnits(t *testing.T) {
 		t.Errorf("the endpoints returned: ceiling %g, want 40 again", c.Ceiling)
 	}
 }
+
+// TestColdStartDrawsOnSitesNotYetRead: a gateway that has read one site
+// and not yet the other (its readings arrive one by one after a start)
+// splits a burst between them by capacity, the unread one at the ceiling
+// floor, with its own sends counted; it does not pour the burst into the
+// site read first. Past the load window the unread site is unmeasured
+// again, a last resort: its load is unknown, not idle.
+func TestColdStartDrawsOnSitesNotYetRead(t *testing.T) {
+	w := newWorld(t, "read", "unread")
+	w.ageAware, w.meanMs = true, 1000
+	w.publish("read", 1000, obs{running: 0, ready: 1, queue: f(0)})
+	snap := w.build(1000)
+	c := find(snap, "unread")
+	if c.Measured || c.Ceiling != w.set.CeilingFloor {
+		t.Fatalf("unread site: measured %v, ceiling %g; want unmeasured at the floor %g", c.Measured, c.Ceiling, w.set.CeilingFloor)
+	}
+	if _, ok := c.ReadingAt(); ok {
+		t.Error("an assumed site reports a reading")
+	}
+	got := map[string]int{}
+	for turn := range uint64(16) {
+		got[snap.Pick("m", turn, 1000).Candidate.Site]++
+	}
+	if got["unread"] < 7 || got["unread"] > 9 {
+		t.Errorf("a burst of 16 at two sites of 8 (one not yet read): %v, want about 8 each", got)
+	}
+
+	// The window passes with no reading of it: a last resort.
+	w.publish("read", 1500, obs{running: 0, ready: 1, queue: f(0)})
+	snap = w.build(1000 + w.set.WindowMs)
+	for turn := range uint64(100) {
+		if s := snap.Pick("m", turn, snap.BuiltAt).Candidate.Site; s != "read" {
+			t.Fatalf("a site unread for the load window drawn while a measured one has room (turn %d)", turn)
+		}
+	}
+}

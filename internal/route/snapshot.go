@@ -108,11 +108,19 @@ type Candidate struct {
 	// Learnable is false while the site's batch metadata is missing or
 	// incomplete.
 	Learnable bool
+	// assumed: unmeasured, never measured, and first seen by the builder
+	// within the load window: read as idle since then at the ceiling floor
+	// (latestAt is that instant), so that a gateway whose readings arrive
+	// one by one after a start does not pour every request into the
+	// sites read first (docs/routing.md, a cold start).
+	assumed bool
 }
 
 // ReadingAt is the timeline instant of the candidate's latest reading, and
 // whether it has one.
-func (c *Candidate) ReadingAt() (int64, bool) { return c.latestAt, c.latestAt != 0 }
+func (c *Candidate) ReadingAt() (int64, bool) {
+	return c.latestAt, c.latestAt != 0 && !c.assumed
+}
 
 // Key returns the candidate's store key.
 func (c *Candidate) Key() loadstore.Key { return loadstore.Key{Site: c.Site, Provider: c.Provider} }
@@ -285,12 +293,15 @@ type learned struct {
 // Builder rebuilds snapshots from the store; rebuilds are serialised and
 // each result is swapped in atomically.
 type Builder struct {
-	// mu serialises rebuilds and guards learned, prevShed and policy (and
-	// what the policy keeps across builds).
-	mu       sync.Mutex
-	learned  map[loadstore.Key]*learned
-	prevShed map[string]bool
-	policy   Policy
+	// mu serialises rebuilds and guards learned, firstSeen, prevShed and
+	// policy (and what the policy keeps across builds).
+	mu      sync.Mutex
+	learned map[loadstore.Key]*learned
+	// firstSeen is the instant each candidate of the latest build first
+	// appeared in a build (assumed candidates).
+	firstSeen map[loadstore.Key]int64
+	prevShed  map[string]bool
+	policy    Policy
 	// current is read by any goroutine.
 	current atomic.Pointer[Snapshot]
 }
@@ -301,7 +312,7 @@ func NewBuilder(policy Policy) *Builder {
 	if policy == nil {
 		policy = Reference{}
 	}
-	b := &Builder{learned: map[loadstore.Key]*learned{}, prevShed: map[string]bool{}, policy: policy}
+	b := &Builder{learned: map[loadstore.Key]*learned{}, firstSeen: map[loadstore.Key]int64{}, prevShed: map[string]bool{}, policy: policy}
 	b.current.Store(NewSnapshot(nil, nil, 0))
 	return b
 }
@@ -332,6 +343,7 @@ func (b *Builder) Forget(keys []loadstore.Key) {
 	defer b.mu.Unlock()
 	for _, k := range keys {
 		delete(b.learned, k)
+		delete(b.firstSeen, k)
 	}
 	b.policy.forget(keys)
 }
@@ -376,6 +388,7 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 			cands[i].Capacity = max(cands[i].Capacity, largest*set.ExploreFloor*share(&cands[i]))
 		}
 	}
+	b.assume(cands, now, set, share)
 	sortByScore(cands)
 	if down != nil {
 		demoted := false
@@ -394,6 +407,47 @@ func (b *Builder) Build(store *loadstore.Store, base []Candidate, now int64, dow
 	snap.picker = b.policy.prepare(snap, now)
 	b.current.Store(snap)
 	return snap
+}
+
+// assume marks the candidates a gateway has not read yet since they
+// appeared, within the load window, as assumed: idle since they appeared,
+// at the ceiling floor (shared per site and model, as undemonstrated
+// capacity is). A gateway's readings arrive one by one after it starts
+// (its own site's after a peer's, when its operator's first scrape is
+// still under way), and a policy that drew only on the sites read first
+// sent them every request until the others were read, then starved them
+// while those requests held their readings up: a cold start herded on
+// real processes (BENCHMARKS.md). An assumed site is drawn as a site
+// read long ago is, by capacity, with this gateway's own sends counted;
+// past the load window, still unread, it is an unmeasured candidate (a
+// site whose load is unknown is not idle). firstSeen keeps only the
+// candidates of this build.
+func (b *Builder) assume(cands []Candidate, now int64, set Settings, share func(*Candidate) float64) {
+	present := make(map[loadstore.Key]bool, len(cands))
+	for i := range cands {
+		c := &cands[i]
+		k := c.Key()
+		present[k] = true
+		seen, ok := b.firstSeen[k]
+		if !ok {
+			seen = now
+			b.firstSeen[k] = now
+		}
+		if c.Measured || b.learned[k] != nil || now-seen >= set.WindowMs ||
+			c.Admission != NewAndExisting || math.IsNaN(c.Score) {
+			continue
+		}
+		c.assumed = true
+		c.latestAt, c.latestInFlight = max(seen, 1), 0
+		c.Ceiling = max(set.CeilingFloor*share(c), 1)
+		c.Capacity = c.Ceiling
+		c.units, c.prefillTokens = 1, -1
+	}
+	for k := range b.firstSeen {
+		if !present[k] {
+			delete(b.firstSeen, k)
+		}
+	}
 }
 
 // measure reads one candidate and applies what the builder learned of it.
