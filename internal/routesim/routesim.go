@@ -182,6 +182,8 @@ const (
 	// or CapacityDrop run.
 	eventStart
 	eventEnd
+	// firstRead: a site's first reading reaches one gateway (ColdStart).
+	firstRead
 )
 
 // reading is one site's published reading: its in-system count at an
@@ -257,6 +259,7 @@ type gateway struct {
 	snap     *route.Snapshot
 	cands    []route.Candidate
 	wrr      []float64 // smooth weighted round robin state
+	read     []bool    // a reading of each site was ingested
 	seq      int64
 	turn     uint64
 	// service is the age unit, learned as the gateway learns it.
@@ -269,6 +272,7 @@ func Run(cfg Config) Result {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 2))         // policy draws
 	phaseRng := rand.New(rand.NewPCG(cfg.Seed, 3))    // refresh and rebuild phases
 	externalRng := rand.New(rand.NewPCG(cfg.Seed, 4)) // external arrivals and their demands
+	firstRng := rand.New(rand.NewPCG(cfg.Seed, 5))    // which readings a cold start's first reads hold
 	sites := make([]site, len(cfg.Slots))
 	rate := 0.0 // completions per mean duration at full use
 	for i, c := range cfg.Slots {
@@ -292,7 +296,7 @@ func Run(cfg Config) Result {
 	// newGateway makes a gateway that knows nothing: at the start, and
 	// when it restarts.
 	newGateway := func() *gateway {
-		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), inFlight: make([]int, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
+		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), inFlight: make([]int, len(sites)), read: make([]bool, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
 			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
@@ -375,17 +379,26 @@ func Run(cfg Config) Result {
 		measureFrom = swapAt + 100
 	case ColdStart:
 		measureFrom, measureUntil = 0, windowRefreshes*T
-		// Every operator's first scrape, and its first poll of each peer,
-		// happen as it starts (a failed poll is tried again after 250 ms):
-		// the idle grid's readings reach every gateway at its first read,
-		// before any request. Only the readings after them refresh every
-		// T, at their phases.
+		// The idle grid's readings reach each gateway one by one, as on
+		// real processes (operators start one after another, and a
+		// gateway's first read may hold a peer's site before its own):
+		// its first read, before any request, holds one site drawn at
+		// random; each other site's first reading reaches it at a uniform
+		// instant within the first refresh interval, or with its first
+		// refresh if that comes sooner. The readings after them refresh
+		// every T, at their phases.
 		for i := range sites {
 			published[i] = reading{at: 1 / unit, slots: sites[i].slots}
 		}
 		if stack {
-			for _, g := range gws {
-				g.ingest(published, -1, 1/unit)
+			for k, g := range gws {
+				first := firstRng.IntN(len(sites))
+				g.ingest(published, first, 1/unit)
+				for i := range sites {
+					if i != first {
+						push(event{at: firstRng.Float64() * T, kind: firstRead, gw: k, site: i})
+					}
+				}
 			}
 		}
 	case Restart:
@@ -560,6 +573,10 @@ func Run(cfg Config) Result {
 				}
 			}
 			push(event{at: now + T, kind: refresh, gw: e.gw, site: e.site})
+		case firstRead:
+			if g := gws[e.gw]; !g.read[e.site] {
+				g.ingest(published, e.site, now)
+			}
 		case rebuild:
 			g := gws[e.gw]
 			g.snap = g.builder.Build(g.store, g.cands, int64(now*unit), nil, set)
@@ -619,6 +636,7 @@ func (g *gateway) ingest(published []reading, only int, now float64) {
 		if (only >= 0 && i != only) || r.at == 0 {
 			continue
 		}
+		g.read[i] = true
 		ms := int64(r.at * unit)
 		lbl := fmt.Sprintf(`grid_provider="p",grid_site="s%02d"`, i)
 		// A pool of one endpoint per 8 slots, as grid bench sites runs

@@ -160,9 +160,12 @@ func TestLongWarmUpEnds(t *testing.T) {
 // empty grid at load 0.9, and the 20 after every gateway restarts into a
 // loaded one, sites 8/8/16/32/64, K = 4, readings one, five and ten mean
 // durations apart, every phase mode. A gateway starts from what it reads
-// first: at a cold start the idle grid's readings, with each site's ready
-// units (the ceiling floor is credited per unit); after a restart the
-// readings its operator holds, with their ages. Before the ceiling floor
+// first: at a cold start the idle grid's readings one site at a time,
+// with each site's ready units (the ceiling floor is credited per unit),
+// the sites not read yet assumed idle at the floor; after a restart the
+// readings its operator holds, with their ages. Ignoring the sites not
+// read yet cost up to 1.06× weighted round robin's mean (sync, T = 10).
+// Before the ceiling floor
 // was credited per ready unit every site looked like an 8-slot one and a
 // cold start cost 1.53-1.80 mean durations at T = 10 against weighted
 // round robin's 1.09; while the harness had a gateway route blind until
