@@ -154,6 +154,11 @@ func runLyingPeer(t *testing.T, claimed int) map[string]float64 {
 		})
 	}
 	wg.Wait()
+	for _, l := range strings.Split(httpGet("http://"+east.gwMetrics+"/metrics"), "\n") {
+		if strings.HasPrefix(l, "grid_route_site_trust") {
+			t.Logf("north claiming %d, east's gateway reads %s", claimed, l)
+		}
+	}
 	if served["west"] == 0 || served["north"] == 0 {
 		t.Logf("north claiming %d, a remote site drew nothing; east's snapshot: %s", claimed, httpGet("http://"+east.gwMetrics+"/api/snapshot"))
 		for _, n := range names {

@@ -140,6 +140,9 @@ type Gateway struct {
 	// it was first seen, /v1/models' "created"; written under refreshMu,
 	// swapped whole so requests read it without a lock.
 	modelsSeen atomic.Pointer[map[string]int64]
+	// trustRead is each remote site's trust per model at the last
+	// refresh (grid_route_site_trust); written under refreshMu.
+	trustRead map[siteModel]float64
 
 	// opGen is the identity generation the kept operator connection was
 	// made under; only the goroutine running Poll touches it.
@@ -700,7 +703,49 @@ func (g *Gateway) refresh() {
 	g.local.Store(localView(snap))
 	g.noteModels(snap)
 	g.m.publish(snap)
+	g.noteTrust(snap, func(site, model string) float64 { return g.service.Served(site, model).Trust(now) })
 	g.hist.record(g.View(), g.clk.Now())
+}
+
+// siteModel names one site's service of one model.
+type siteModel struct{ site, model string }
+
+// distrustedBelow is the trust at or below which a remote site is logged
+// as distrusted: its board is read at half its claims or less, so a third
+// of its recent answers or more contradicted it, which an honest board on a
+// healthy path does not do.
+const distrustedBelow = 0.5
+
+// noteTrust publishes each remote site's trust per model
+// (grid_route_site_trust), and warns when a site falls to distrustedBelow:
+// an operator must find out whether the peer's board lies or the path to
+// it delays answers (docs/operations.md). refreshMu is held.
+func (g *Gateway) noteTrust(snap *route.Snapshot, trustOf func(site, model string) float64) {
+	read := map[siteModel]float64{}
+	for i := range snap.Candidates {
+		c := &snap.Candidates[i]
+		k := siteModel{c.Site, c.Model}
+		if _, ok := read[k]; ok || c.Local {
+			continue
+		}
+		trust := trustOf(c.Site, c.Model)
+		read[k] = trust
+		g.m.trust.WithLabelValues(c.Site, c.Model).Set(trust)
+		was, known := g.trustRead[k]
+		switch wasDistrusted := known && was <= distrustedBelow; {
+		case trust <= distrustedBelow && !wasDistrusted:
+			g.log.Warn("a remote site's answers contradict its board: it is read at a share of the capacity it claims",
+				"site", c.Site, "model", c.Model, "trust", trust)
+		case trust > distrustedBelow && wasDistrusted:
+			g.log.Info("a remote site's answers agree with its board again", "site", c.Site, "model", c.Model, "trust", trust)
+		}
+	}
+	for k := range g.trustRead {
+		if _, ok := read[k]; !ok {
+			g.m.trust.DeleteLabelValues(k.site, k.model)
+		}
+	}
+	g.trustRead = read
 }
 
 // noteModels records when each of snap's models was first seen; refreshMu

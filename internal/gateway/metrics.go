@@ -41,6 +41,7 @@ type metrics struct {
 	requestTokens     *prometheus.HistogramVec
 	affinity          *prometheus.CounterVec
 	prefixAffinity    *prometheus.CounterVec
+	trust             *prometheus.GaugeVec
 
 	published  map[[2]string]bool
 	shedModels map[string]bool
@@ -117,7 +118,9 @@ func newMetrics() *metrics {
 	for _, o := range prefixOutcomes {
 		m.prefixAffinity.WithLabelValues(o)
 	}
-	m.reg.MustRegister(m.affinity, m.prefixAffinity)
+	m.trust = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "grid_route_site_trust",
+		Help: "Share of its claimed capacity a remote site's board is read at for a model: 1 while its answers agree with it, down to 0.05 as they contradict it (docs/routing.md, earned capacity). 1 under the reference policy, which does not earn."}, []string{"site", "model"})
+	m.reg.MustRegister(m.affinity, m.prefixAffinity, m.trust)
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
 		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.requestTokens, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -73,17 +73,26 @@ func (s *Service) Served(site, model string) *Served {
 
 // Waited is how long an answer from site waited before it began, beyond
 // what the site's unloaded answers take: a stream's time to first token
-// beyond the least of the site's recent streams (their prefill), a whole
-// answer's duration beyond twice the site's unit (its own length varies
-// with what it was asked, and only a wait beyond that is evidence: a whole
-// answer shows a queue far less surely than a stream's first token). It is
-// what Served.End judges a claim by, with the unit it is judged in.
+// beyond the least of the site's recent streams (their prefill, and the
+// round trip to a peer in both), a whole answer's duration beyond twice
+// the site's unit (its own length varies with what it was asked, and only
+// a wait beyond that is evidence: a whole answer shows a queue far less
+// surely than a stream's first token). Until a peer's own pace can be told
+// apart its unit is that of all answers, mostly this site's, which holds
+// no round trip: the round trip to the peer is then taken off the whole
+// answer's duration too, or every short answer from a distant honest peer
+// would read as a wait. It is what Served.End judges a claim by, with the
+// unit it is judged in.
 func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64) (waitedMs, unitMs float64) {
 	unitMs = s.MeanMs()
+	own := false
 	if v, ok := s.SiteMs(site); ok && v > 0 {
-		unitMs = v
+		unitMs, own = v, true
 	}
 	if !stream {
+		if rtt, ok := s.RoundTripMs(site); ok && !own {
+			totalMs -= rtt
+		}
 		return totalMs - 2*unitMs, unitMs
 	}
 	least := s.site(site).leastFirstToken()

@@ -156,3 +156,23 @@ func TestSitePaceOnlyWhenTellable(t *testing.T) {
 		t.Error("a site four times slower, after one window: no pace of its own")
 	}
 }
+
+// TestDistantPeersShortAnswerIsNoWait: a whole answer from a peer 120 ms
+// away, before the peer's own pace can be told apart, is judged in the
+// unit of all answers (this site's 50 ms embeddings), which holds no round
+// trip. The 170 ms it took is its service and the round trip, not a wait
+// that would contradict the peer's board; an answer that did wait half a
+// second beyond them still reads as one.
+func TestDistantPeersShortAnswerIsNoWait(t *testing.T) {
+	var s Service
+	for range serviceWindows * serviceWindow {
+		s.Observe("here", 50, true)
+	}
+	s.RoundTrip("far").Observe(120)
+	if waited, unit := s.Waited("far", false, 0, 50+120); waited > unit {
+		t.Errorf("a 50 ms answer 120 ms away read as a wait of %.0f ms over a %.0f ms unit", waited, unit)
+	}
+	if waited, unit := s.Waited("far", false, 0, 50+120+500); waited <= unit {
+		t.Errorf("an answer that waited 500 ms read as a wait of %.0f ms over a %.0f ms unit", waited, unit)
+	}
+}
