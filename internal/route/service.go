@@ -5,9 +5,15 @@ import (
 	"sync"
 )
 
-// DefaultServiceMs is the mean request duration assumed before any is
-// observed: a typical LLM request.
-const DefaultServiceMs = 10_000
+// DefaultServiceMs is the unit assumed before any request is observed:
+// short for an LLM request, on purpose. A gateway that has seen nothing end
+// yet (just started, or restarted into a loaded grid) then reads every
+// reading as old and leans on capacity, as a weighted round robin would;
+// a longer prior read a second-old board as fresh, underrated the
+// arrivals since it, and a rolling restart of three replicas a site sent
+// ten requests in a second to the site that read idle (BENCHMARKS.md,
+// the restart on real processes).
+const DefaultServiceMs = 1_000
 
 // Pace is what the age-aware policy reads a reading's age in: the mean
 // duration of a request served without waiting, over all of a gateway's

@@ -12,8 +12,8 @@ import (
 // lasting change is learned in the end.
 func TestServiceTimeIgnoresAHerd(t *testing.T) {
 	var s ServiceTime
-	if got := s.MeanMs(); got != 10_000 {
-		t.Fatalf("before any request: %v ms, want the 10 s prior", got)
+	if got := s.MeanMs(); got != DefaultServiceMs {
+		t.Fatalf("before any request: %v ms, want the prior %v", got, DefaultServiceMs)
 	}
 	s.Observe(800, true)
 	s.Observe(1200, true)
