@@ -205,6 +205,20 @@ type outbound struct {
 	stream bool
 }
 
+// setBody makes req's body a fresh reading of the request's bytes, held
+// against the body budget until the transport closes it, and lets the
+// transport read them again (GetBody). A transport sends a request again
+// only when the upstream cannot have processed it: an HTTP/2 stream
+// refused, or opened after the peer's graceful-shutdown GOAWAY; an HTTP/1
+// connection that failed before anything was written. Without GetBody such
+// a request, its body written, failed as a 502 (a rolling restart of a
+// peer gateway: TestRefusedStreamIsSentAgain).
+func (o *outbound) setBody(req *http.Request) {
+	req.Body = o.held.attempt(o.body)
+	req.ContentLength = int64(len(o.body))
+	req.GetBody = func() (io.ReadCloser, error) { return o.held.attempt(o.body), nil }
+}
+
 // attempt is how one try to deliver a request ended.
 type attempt uint8
 
@@ -284,8 +298,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			if ans.bound && !c.Local {
 				pr.Out.Header.Set(headerBoundProvider, c.Provider)
 			}
-			pr.Out.Body = out.held.attempt(out.body)
-			pr.Out.ContentLength = int64(len(out.body))
+			out.setBody(pr.Out)
 		},
 		Transport:     transport,
 		FlushInterval: 0, // ReverseProxy flushes every write of a stream or an answer of unknown length itself
