@@ -197,9 +197,9 @@ type reading struct {
 type event struct {
 	at   float64
 	kind eventKind
-	site int     // departure, refresh
+	site int     // departure, refresh, firstRead
 	req  request // departure
-	gw   int     // refresh, rebuild
+	gw   int     // refresh, rebuild, firstRead
 	seq  int
 }
 
