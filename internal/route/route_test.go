@@ -750,6 +750,21 @@ func TestAgeAwareReadsAge(t *testing.T) {
 	}
 }
 
+// TestNoAnswerYetLeansOnCapacity: a gateway that has seen no answer end
+// (just started, or restarted into a loaded grid) reads ages in the prior
+// unit, DefaultServiceMs, which errs short: a board two seconds old says
+// little, and both sites are drawn by capacity. A prior of 10 s read it as
+// a fifth of a unit old, drew only the site that read idle, and on real
+// processes a rolling restart of three replicas a site herded onto it
+// (BENCHMARKS.md).
+func TestNoAnswerYetLeansOnCapacity(t *testing.T) {
+	w := busyAndIdle(t, 0) // no unit learned: the policy takes the prior
+	snap := w.build(2000 + 2000)
+	if a, b := find(snap, "a"), find(snap, "b"); !a.Active || !b.Active {
+		t.Errorf("a board 2 s old, no answer seen: a active %v, b active %v; want both", a.Active, b.Active)
+	}
+}
+
 // TestAgeAwareReadsAgeAtThePick: a snapshot lives a poll interval, which
 // for short requests is many request durations; its picks read each
 // reading's age at their own instant. Right after the build only the idle
