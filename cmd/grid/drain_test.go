@@ -143,30 +143,35 @@ func TestRestartInPlaceLosesNoRequest(t *testing.T) {
 	}
 	dir, certs, signals := startEastEngine(t, "--slots", "64", "--ttft", "1ms", "--tpot", "1ms")
 	client, hop := freePort(t), freePort(t)
-	gateway := func(n int) (*process, string) {
-		metrics := freePort(t)
-		gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\nreusePort: true\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\n",
-			certs, client, hop, metrics, signals)
-		file := filepath.Join(dir, fmt.Sprintf("gateway-%d.yaml", n))
-		os.WriteFile(file, []byte(gw), 0o600)
-		p := start(t, "gateway", "--config", file, "--drain-timeout", "5s")
-		eventually(t, fmt.Sprintf("gateway %d is ready", n), 15*time.Second, func() bool {
-			resp, err := http.Get("http://" + metrics + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
-		return p, metrics
-	}
-	old, _ := gateway(1)
+	old := startInPlaceGateway(t, dir, certs, "east", client, hop, signals, 1)
 	sendAcross(t, client, func() {
-		gateway(2)
+		startInPlaceGateway(t, dir, certs, "east", client, hop, signals, 2)
 		if code := old.stop(t); code != 0 {
 			t.Errorf("the replaced gateway exited %d", code)
 		}
 	})
+}
+
+// startInPlaceGateway starts replacement n of site's gateway on the client
+// and hop addresses every replacement shares (reusePort), polling the
+// operator at signals, and waits until it is ready.
+func startInPlaceGateway(t *testing.T, dir, certs, site, client, hop, signals string, n int) *process {
+	t.Helper()
+	metrics := freePort(t)
+	gw := fmt.Sprintf("site: %[6]s\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/%[6]s.crt, key: %[1]s/%[6]s.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\nreusePort: true\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\n",
+		certs, client, hop, metrics, signals, site)
+	file := filepath.Join(dir, fmt.Sprintf("gateway-%s-%d.yaml", site, n))
+	os.WriteFile(file, []byte(gw), 0o600)
+	p := start(t, "gateway", "--config", file, "--drain-timeout", "5s")
+	eventually(t, fmt.Sprintf("%s's gateway %d is ready", site, n), 15*time.Second, func() bool {
+		resp, err := http.Get("http://" + metrics + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
 }
 
 // sendAcross runs 8 clients of short completions back to back on
@@ -254,23 +259,6 @@ func TestPeerRestartInPlaceLosesNoRequest(t *testing.T) {
 	hops := map[string]string{"east": freePort(t), "west": freePort(t)}
 	clients := map[string]string{"east": freePort(t), "west": freePort(t)}
 	peer := map[string]string{"east": "west", "west": "east"}
-	gateway := func(site string, n int) *process {
-		metrics := freePort(t)
-		gw := fmt.Sprintf("site: %[6]s\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/%[6]s.crt, key: %[1]s/%[6]s.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\nreusePort: true\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\n",
-			certs, clients[site], hops[site], metrics, signals[site], site)
-		file := filepath.Join(dir, fmt.Sprintf("gateway-%s-%d.yaml", site, n))
-		os.WriteFile(file, []byte(gw), 0o600)
-		p := start(t, "gateway", "--config", file, "--drain-timeout", "5s")
-		eventually(t, fmt.Sprintf("%s's gateway %d is ready", site, n), 15*time.Second, func() bool {
-			resp, err := http.Get("http://" + metrics + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
-		return p
-	}
 	for _, site := range []string{"east", "west"} {
 		// Both sites' providers are the one engine; east's is out of
 		// service, so east's gateway sends everything to west.
@@ -279,6 +267,9 @@ func TestPeerRestartInPlaceLosesNoRequest(t *testing.T) {
 		file := filepath.Join(dir, site+"-operator.yaml")
 		os.WriteFile(file, []byte(op), 0o600)
 		start(t, "operator", "--config", file)
+	}
+	gateway := func(site string, n int) *process {
+		return startInPlaceGateway(t, dir, certs, site, clients[site], hops[site], signals[site], n)
 	}
 	oldWest := gateway("west", 1)
 	gateway("east", 1)
