@@ -69,10 +69,10 @@ tries:
 			g.observeService(&ob, &ans, true)
 			return "routed", nil
 		case failed:
-			sv.End(false, 0, 0, 0)
+			sv.Unanswered()
 			return "upstream_error", nil
 		}
-		sv.End(false, 0, 0, 0)
+		sv.Unanswered()
 		if try == 1 {
 			break
 		}
@@ -163,7 +163,7 @@ type observation struct {
 // trip and its prefill. An answer that did not end whole teaches nothing.
 func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	if !whole {
-		ob.served.End(false, 0, 0, 0)
+		ob.served.Unanswered()
 		return
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -176,8 +176,8 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	// The wait is judged before the answer teaches the estimates, so an
 	// answer is not compared with itself.
 	if ob.served != nil {
-		waited, unit := g.service.Waited(ob.site, stream, first, ms(end.Sub(ob.began)))
-		ob.served.End(true, g.timeline.NowMs(), waited, unit)
+		now := g.timeline.NowMs()
+		ob.served.End(now, g.service.Waited(ob.site, stream, now, first, ms(end.Sub(ob.began)), ob.cost))
 	}
 	if !stream {
 		g.service.Observe(ob.site, ms(end.Sub(ob.began)), ob.room)

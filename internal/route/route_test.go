@@ -1275,11 +1275,11 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	for range 12 {
 		sv.Begin() // held, never answered
 	}
-	// Answered at 3500 after waiting 3000 ms beyond the unloaded start:
-	// the reading at 2000 was taken after they had waited a unit.
+	// Answered at 3500, having waited in the queue from 500 to 3400: the
+	// reading at 2000 was taken during the wait.
 	for range 40 {
 		sv.Begin()
-		sv.End(true, 3500, 3000, 1000)
+		sv.End(3500, waitedFrom500)
 	}
 	if tr := sv.Trust(3500); tr > 0.2 {
 		t.Fatalf("trust after 40 contradicted answers: %.2f", tr)
@@ -1293,21 +1293,21 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	if after["west"] < 0.5*16/32 {
 		t.Errorf("west drew %.2f", after["west"])
 	}
-	// An answer that waited before the reading was taken does not
-	// contradict it: the queue may have drained by then.
+	// An answer that waited after the reading was taken does not
+	// contradict it: the queue it met may have formed since.
 	honest := w.served["west"]
 	honest.Begin()
-	honest.End(true, 6000, 3000, 1000)
+	honest.End(6000, Wait{FromMs: 3100, ToMs: 5900})
 	if tr := honest.Trust(6000); tr != 1 {
-		t.Errorf("a wait that ended before the reading was contradicted: trust %.2f", tr)
+		t.Errorf("a wait that began after the reading contradicted it: trust %.2f", tr)
 	}
 	// Answers that agree with the board earn the trust back.
 	for range 12 {
-		sv.End(false, 0, 0, 0)
+		sv.Unanswered()
 	}
 	for range 100 {
 		sv.Begin()
-		sv.End(true, 3500, 0, 1000)
+		sv.End(3500, Wait{})
 	}
 	if tr := sv.Trust(3500); tr < 0.95 {
 		t.Errorf("trust after 100 agreeing answers: %.2f", tr)
@@ -1316,6 +1316,11 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 		t.Errorf("after agreeing again the site draws %.2f, was %.2f", got, before)
 	}
 }
+
+// waitedFrom500 is the wait of a request sent at 500 whose first token
+// came at 3500: certainly in the queue from 600 (its least time to first
+// token after it was sent) to 3400.
+var waitedFrom500 = Wait{FromMs: 600, ToMs: 3400}
 
 // TestQueueShownIsNoContradiction: a site whose readings show the queue a
 // request waited in told the truth, and keeps its trust.
@@ -1330,7 +1335,7 @@ func TestQueueShownIsNoContradiction(t *testing.T) {
 	sv := w.served["west"]
 	for range 40 {
 		sv.Begin()
-		sv.End(true, 3500, 3000, 1000)
+		sv.End(3500, waitedFrom500)
 	}
 	if tr := sv.Trust(3500); tr != 1 {
 		t.Errorf("a site that showed its queue: trust %.2f", tr)
@@ -1372,7 +1377,7 @@ func TestDistrustFades(t *testing.T) {
 	sv.claim(2000, true)
 	for range 60 {
 		sv.Begin()
-		sv.End(true, 3500, 3000, 1000)
+		sv.End(3500, waitedFrom500)
 	}
 	if tr := sv.Trust(3500); tr > 0.1 {
 		t.Fatalf("trust after 60 contradicted answers: %.2f", tr)

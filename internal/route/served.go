@@ -21,22 +21,44 @@ type Served struct {
 	// inFlight is the number of this gateway's requests the site holds:
 	// sent and not yet answered to the end.
 	inFlight atomic.Int64
-	// claimed is the site's latest claim, as the builder last read it:
-	// the instant of its newest reading (ms on the store timeline) above
-	// one bit, set when every reading said the site had a free slot and
-	// nothing queued.
-	claimed atomic.Int64
-	mu      sync.Mutex
+	mu       sync.Mutex
+	// claims are the site's latest distinct claims (mu), as the builder
+	// read them, oldest first from next: a stream's wait ended at its
+	// first token, seconds before its answer ends and it is judged, and
+	// the readings taken during it are by then no longer the latest.
+	claims [claimHistory]boardClaim
+	next   int
 	// contradicted is the moving share of answers the board contradicted
-	// (mu): the request waited more than a unit before its answer began,
-	// while a reading taken during that wait said the site had room and
-	// no queue. Each answer weighs answerWeight, and the share fades by
+	// (mu): a reading taken while the request certainly waited in the
+	// site's queue (Wait) said the site had room and no queue. Each
+	// answer weighs answerWeight, and the share fades by
 	// forgiveHalfLifeMs from atMs, its last change: a site read at its
 	// floor is sent next to nothing, and without answers would never
 	// show that it mended.
 	contradicted float64
 	atMs         int64
 }
+
+// boardClaim is what the site's readings of the model said at one instant (ms
+// on the store timeline; 0: none): whether all of them said it had a free
+// slot and nothing queued.
+type boardClaim struct {
+	atMs int64
+	room bool
+}
+
+// claimHistory is how many distinct claims a site's observed service
+// keeps: at a peer poll a second, the readings of the last 16 s, longer
+// than a stream's decode in the common case; a wait older than that is
+// not judged.
+const claimHistory = 16
+
+// Wait is the stretch of time, on the store timeline, in which a request
+// certainly waited in its site's queue (Service.Waited): a reading taken
+// within it that said the site had room and nothing queued is one its
+// answer disproves. A Wait that does not end after it begins (the zero
+// Wait) holds nothing: the answer shows no wait worth judging.
+type Wait struct{ FromMs, ToMs float64 }
 
 // forgiveHalfLifeMs is how fast a site's contradicted share fades without
 // answers.
@@ -62,42 +84,49 @@ func (s *Served) Begin() {
 }
 
 // claim records the site's latest readings: the instant of the newest,
-// and whether all of them said it had room and nothing queued.
+// and whether all of them said it had room and nothing queued. A build
+// that read no newer reading claims nothing new.
 func (s *Served) claim(atMs int64, room bool) {
-	v := atMs << 1
-	if room {
-		v |= 1
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := &s.claims[(s.next+claimHistory-1)%claimHistory]
+	if last.atMs == atMs {
+		last.room = room
+		return
 	}
-	s.claimed.Store(v)
+	s.claims[s.next] = boardClaim{atMs: atMs, room: room}
+	s.next = (s.next + 1) % claimHistory
 }
 
-// End records the end of a request Begin recorded, at nowMs on the store
-// timeline. answered: an answer came back (a request that failed says
-// nothing of the board); waitedMs is how long it waited before its answer
-// began beyond what the site's unloaded answers take (Service.Waited),
-// unitMs the unit a wait is judged in.
-func (s *Served) End(answered bool, nowMs int64, waitedMs, unitMs float64) {
+// Unanswered records the end of a request Begin recorded that got no
+// answer: it says nothing of the board.
+func (s *Served) Unanswered() {
+	if s != nil {
+		s.inFlight.Add(-1)
+	}
+}
+
+// End records the answer to a request Begin recorded, ended at nowMs on
+// the store timeline; w is when it certainly waited in the site's queue
+// (Service.Waited).
+func (s *Served) End(nowMs int64, w Wait) {
 	if s == nil {
 		return
 	}
 	s.inFlight.Add(-1)
-	if !answered || !(unitMs > 0) || math.IsNaN(waitedMs) {
-		return
-	}
-	// The wait ended by nowMs and began waitedMs before; a reading taken
-	// after the request had waited a unit, saying the site had room and
-	// nothing queued, is a claim the request disproved. A reading taken
-	// earlier may predate the queue the request met.
-	c := s.claimed.Load()
-	at, room := c>>1, c&1 == 1
-	b := 0.0
-	if room && waitedMs > unitMs && float64(at) >= float64(nowMs)-waitedMs+unitMs && at <= nowMs {
-		b = 1
-	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := 0.0
+	if w.FromMs < w.ToMs {
+		for _, c := range s.claims {
+			if c.room && c.atMs != 0 && float64(c.atMs) >= w.FromMs && float64(c.atMs) <= w.ToMs {
+				b = 1
+				break
+			}
+		}
+	}
 	share := s.faded(nowMs)
 	s.contradicted, s.atMs = share+(b-share)*answerWeight, nowMs
-	s.mu.Unlock()
 }
 
 // InFlight is the number of this gateway's requests the site holds.

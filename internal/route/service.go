@@ -77,36 +77,68 @@ func (s *Service) Served(site, model string) *Served {
 	return madeOnFirstUse[Served](&s.served, servedKey{site, model})
 }
 
-// Waited is how long an answer from site waited before it began, beyond
-// what the site's unloaded answers take: a stream's time to first token
-// beyond the least of the site's recent streams (their prefill, and the
-// round trip to a peer in both), a whole answer's duration beyond twice
-// the site's unit (its own length varies with what it was asked, and only
-// a wait beyond that is evidence: a whole answer shows a queue far less
-// surely than a stream's first token). Until a peer's own pace can be told
-// apart its unit is that of all answers, mostly this site's, which holds
-// no round trip: the round trip to the peer is then taken off the whole
-// answer's duration too, or every short answer from a distant honest peer
-// would read as a wait. It is what Served.End judges a claim by, with the
-// unit it is judged in.
-func (s *Service) Waited(site string, stream bool, firstTokenMs, totalMs float64) (waitedMs, unitMs float64) {
-	unitMs = s.MeanMs()
+// Waited is when an answer from site, which ended at endMs on the store
+// timeline after totalMs (its first byte at firstTokenMs) and was of
+// cost c, certainly waited in the site's queue: what Served.End judges
+// the site's claims by.
+//
+// A stream's wait is its time at the site before its first token beyond
+// what a request of its size takes there without one (CostModel.WaitMs;
+// before the model knows that, beyond the least of the site's recent
+// streams). It waited from when it reached the site, no later than its
+// send plus the site's least time to first token (which holds the whole
+// round trip), until no earlier than its send plus the wait: between the
+// two it was certainly queued. A wait under a quarter of the unit is not
+// judged: prefill and batching vary by that much without a queue.
+//
+// A whole answer shows a queue far less surely than a stream's first
+// token: its own length varies with what it was asked, and only a wait
+// beyond twice the site's unit is evidence, judged against a reading taken
+// after it had waited a unit (the queue it met may have been after an
+// earlier one). Until a peer's own pace can be told apart its unit is
+// that of all answers, mostly this site's, which holds no round trip: the
+// round trip to the peer is then taken off the duration too, or every
+// short answer from a distant honest peer would read as a wait.
+func (s *Service) Waited(site string, stream bool, endMs int64, firstTokenMs, totalMs float64, c Cost) Wait {
+	unitMs := s.MeanMs()
 	own := false
 	if v, ok := s.SiteMs(site); ok && v > 0 {
 		unitMs, own = v, true
 	}
+	rtt, rttOK := s.RoundTripMs(site)
+	end := float64(endMs)
 	if !stream {
-		if rtt, ok := s.RoundTripMs(site); ok && !own {
+		if rttOK && !own {
 			totalMs -= rtt
 		}
-		return totalMs - 2*unitMs, unitMs
+		waited := totalMs - 2*unitMs
+		if !(waited > unitMs) {
+			return Wait{}
+		}
+		return Wait{FromMs: end - waited + unitMs, ToMs: end}
 	}
 	least := s.site(site).leastFirstToken()
 	if math.IsInf(least, 1) {
 		least = firstTokenMs
 	}
-	return firstTokenMs - least, unitMs
+	waited := firstTokenMs - least
+	atSite := firstTokenMs
+	if rttOK {
+		atSite = max(firstTokenMs-rtt, 0)
+	}
+	if w, ok := s.costs.WaitMs(c, atSite); ok {
+		waited = w
+	}
+	if !(waited > unitMs*judgedStreamWait) {
+		return Wait{}
+	}
+	began := end - totalMs
+	return Wait{FromMs: began + least, ToMs: began + waited}
 }
+
+// judgedStreamWait is the least wait, in units, a stream's answer is
+// judged by.
+const judgedStreamWait = 0.25
 
 // Observe records a whole answer from site (ServiceTime.Observe).
 func (s *Service) Observe(site string, ms float64, room bool) {

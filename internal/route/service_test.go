@@ -169,10 +169,50 @@ func TestDistantPeersShortAnswerIsNoWait(t *testing.T) {
 		s.Observe("here", 50, true)
 	}
 	s.RoundTrip("far").Observe(120)
-	if waited, unit := s.Waited("far", false, 0, 50+120); waited > unit {
-		t.Errorf("a 50 ms answer 120 ms away read as a wait of %.0f ms over a %.0f ms unit", waited, unit)
+	if w := s.Waited("far", false, 10_000, 0, 50+120, Cost{}); w.FromMs < w.ToMs {
+		t.Errorf("a 50 ms answer 120 ms away read as a wait %v", w)
 	}
-	if waited, unit := s.Waited("far", false, 0, 50+120+500); waited <= unit {
-		t.Errorf("an answer that waited 500 ms read as a wait of %.0f ms over a %.0f ms unit", waited, unit)
+	if w := s.Waited("far", false, 10_000, 0, 50+120+500, Cost{}); !(w.FromMs < w.ToMs) {
+		t.Errorf("an answer that waited 500 ms read as no wait %v", w)
+	}
+}
+
+// TestStreamIsJudgedByItsWaitNotItsDecode: a stream waited before its
+// first token, and the readings that its wait disproves are the ones
+// taken then. West's streams begin 20 ms after they are sent and decode
+// for a second; one sent at 8,180 whose first token came at 9,000 waited
+// in the queue at least from 8,200 to 8,980. A reading taken at 8,500
+// that said west had room and nothing queued is contradicted; one taken
+// at 9,500, while the answer was decoding (where the rule once looked:
+// from a unit after the wait began to the answer's end), is not. A first
+// token 100 ms late is within what prefill and batching vary by, and is
+// not judged.
+func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
+	var s Service
+	for range serviceWindows * serviceWindow {
+		s.ObserveStream("west", 20, 1000)
+	}
+	w := s.Waited("west", true, 10_000, 820, 1820, Cost{})
+	if w.FromMs > 8200 || w.ToMs < 8980 || w.ToMs > 9000 {
+		t.Fatalf("a stream sent at 8180, first token at 9000: judged in %v, want about [8200, 8980]", w)
+	}
+	if late := s.Waited("west", true, 10_000, 120, 1120, Cost{}); late.FromMs < late.ToMs {
+		t.Errorf("a first token 100 ms late read as a wait %v", late)
+	}
+
+	var lied, told Served
+	lied.claim(8500, true)
+	lied.claim(9500, true)
+	told.claim(8500, false) // showed the queue
+	told.claim(9500, true)  // room again while the answer decoded
+	for _, sv := range []*Served{&lied, &told} {
+		sv.Begin()
+		sv.End(10_000, w)
+	}
+	if tr := lied.Trust(10_000); tr == 1 {
+		t.Errorf("a board that said room while the stream waited kept trust %.2f", tr)
+	}
+	if tr := told.Trust(10_000); tr != 1 {
+		t.Errorf("a board that showed the queue, and room after it, lost trust: %.2f", tr)
 	}
 }

@@ -539,8 +539,8 @@ func Run(cfg Config) Result {
 			if stack {
 				// The wait is judged before the stream teaches the
 				// estimates, as the gateway does.
-				waited, u := g.service.Waited(name, true, wait, wait+served)
-				g.service.Served(name, "m").End(true, int64(now*unit), waited, u)
+				end := int64(now * unit)
+				g.service.Served(name, "m").End(end, g.service.Waited(name, true, end, wait, wait+served, e.req.cost))
 				atSite := wait - e.req.rtt*unit
 				if waited, ok := g.service.Costs().WaitMs(e.req.cost, atSite); ok && e.req.load.OK {
 					g.service.Waits(name).Observe(e.req.load.V, waited)
