@@ -88,8 +88,9 @@ func (s *Service) Served(site, model string) *Served {
 // streams). It waited from when it reached the site, no later than its
 // send plus the site's least time to first token (which holds the whole
 // round trip), until no earlier than its send plus the wait: between the
-// two it was certainly queued. A wait under a quarter of the unit is not
-// judged: prefill and batching vary by that much without a queue.
+// two it was certainly queued. A wait under a quarter of the unit, or
+// under the round trip to the peer, is not judged: prefill and batching
+// vary by the one without a queue, a path's delay by the other.
 //
 // A whole answer shows a queue far less surely than a stream's first
 // token: its own length varies with what it was asked, and only a wait
@@ -129,7 +130,7 @@ func (s *Service) Waited(site string, stream bool, endMs int64, firstTokenMs, to
 	if w, ok := s.costs.WaitMs(c, atSite); ok {
 		waited = w
 	}
-	if !(waited > unitMs*judgedStreamWait) {
+	if !(waited > max(unitMs*judgedStreamWait, rtt)) {
 		return Wait{}
 	}
 	began := end - totalMs

@@ -185,8 +185,9 @@ func TestDistantPeersShortAnswerIsNoWait(t *testing.T) {
 // that said west had room and nothing queued is contradicted; one taken
 // at 9,500, while the answer was decoding (where the rule once looked:
 // from a unit after the wait began to the answer's end), is not. A first
-// token 100 ms late is within what prefill and batching vary by, and is
-// not judged.
+// token 100 ms late is within what prefill and batching vary by, and one
+// 300 ms late from a peer 400 ms away within what the path does: neither
+// is judged.
 func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
 	var s Service
 	for range serviceWindows * serviceWindow {
@@ -198,6 +199,11 @@ func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
 	}
 	if late := s.Waited("west", true, 10_000, 120, 1120, Cost{}); late.FromMs < late.ToMs {
 		t.Errorf("a first token 100 ms late read as a wait %v", late)
+	}
+	// From a peer 400 ms away, 300 ms late is the path's to vary by.
+	s.RoundTrip("west").Observe(400)
+	if far := s.Waited("west", true, 10_000, 320, 1320, Cost{}); far.FromMs < far.ToMs {
+		t.Errorf("a first token 300 ms late from a peer 400 ms away read as a wait %v", far)
 	}
 
 	var lied, told Served
