@@ -48,10 +48,10 @@ type boardClaim struct {
 }
 
 // claimHistory is how many distinct claims a site's observed service
-// keeps: at a peer poll a second, the readings of the last 16 s, longer
-// than a stream's decode in the common case; a wait older than that is
-// not judged.
-const claimHistory = 16
+// keeps: at the default one-second poll, the readings of the last minute,
+// longer than most streams' decode; a stream whose wait ended before them
+// is not judged. A kilobyte per remote site and model.
+const claimHistory = 64
 
 // Wait is the stretch of time, on the store timeline, in which a request
 // certainly waited in its site's queue (Service.Waited): a reading taken
