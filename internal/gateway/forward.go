@@ -51,11 +51,11 @@ tries:
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
-		ans := answer{bound: pick.Path == route.PathSession}
 		var sv *route.Served
 		if !c.Local {
 			sv = g.service.Served(c.Site, c.Model)
 		}
+		ans := answer{bound: pick.Path == route.PathSession, served: sv}
 		sv.Begin()
 		x.attempt = pick
 		ob := observation{site: c.Site, local: c.Local, served: sv, began: began, room: pick.Room, load: pick.Load, cost: x.cost}
@@ -69,10 +69,10 @@ tries:
 			g.observeService(&ob, &ans, true)
 			return "routed", nil
 		case failed:
-			sv.Unanswered()
+			sv.End()
 			return "upstream_error", nil
 		}
-		sv.Unanswered()
+		sv.End()
 		if try == 1 {
 			break
 		}
@@ -127,6 +127,10 @@ type answer struct {
 	bound     bool
 	stream    bool      // text/event-stream
 	firstByte time.Time // the first byte of the body; zero before it
+	// served is the remote site's observed service, which a stream's
+	// first byte is judged against (judgeStream); nil for this site's
+	// providers. Set by the caller.
+	served *route.Served
 	// provider is the provider that answered: this site's, or the one a
 	// peer gateway names (headerBackend).
 	provider string
@@ -163,7 +167,7 @@ type observation struct {
 // trip and its prefill. An answer that did not end whole teaches nothing.
 func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	if !whole {
-		ob.served.Unanswered()
+		ob.served.End()
 		return
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -173,12 +177,14 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	if stream {
 		first = ms(ans.firstByte.Sub(ob.began))
 	}
-	// The wait is judged before the answer teaches the estimates, so an
-	// answer is not compared with itself.
-	if ob.served != nil {
-		now := g.timeline.NowMs()
-		ob.served.End(now, g.service.Waited(ob.site, stream, now, first, ms(end.Sub(ob.began)), ob.cost))
+	// A whole answer's wait is judged before it teaches the estimates, so
+	// an answer is not compared with itself; a stream's was at its first
+	// byte (judgeStream).
+	if ob.served != nil && !stream {
+		now, total := g.timeline.NowMs(), ms(end.Sub(ob.began))
+		ob.served.Judge(now, g.service.Waited(ob.site, false, float64(now)-total, total, total, ob.cost))
 	}
+	ob.served.End()
 	if !stream {
 		g.service.Observe(ob.site, ms(end.Sub(ob.began)), ob.room)
 		return
@@ -193,6 +199,16 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	}
 	g.service.Costs().Observe(ob.cost, atSite, decode, ob.room)
 	g.service.ObserveStream(ob.site, first, decode)
+}
+
+// judgeStream judges a remote stream's wait at its first byte, first after
+// it was sent (route.Served.Judge): its wait has just ended, and the
+// readings taken during it are among the site's latest claims, which a
+// judgement at the stream's end, seconds or a minute of decode later,
+// would no longer hold.
+func (g *Gateway) judgeStream(site string, sv *route.Served, first time.Duration, c route.Cost) {
+	now, firstMs := g.timeline.NowMs(), float64(first)/float64(time.Millisecond)
+	sv.Judge(now, g.service.Waited(site, true, float64(now)-firstMs, firstMs, firstMs, c))
 }
 
 // outbound is what the gateway sends upstream: the request's body, and
@@ -328,6 +344,9 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 				firstByte: func() {
 					ans.firstByte = g.clk.Now()
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
+					if ans.stream && ans.served != nil {
+						g.judgeStream(c.Site, ans.served, ans.firstByte.Sub(began), x.cost)
+					}
 				},
 				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK,
 				ended: func(e streamEnd) { g.m.streamsEndedEarly.WithLabelValues(c.Site, string(e)).Inc() }}

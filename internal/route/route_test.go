@@ -1279,7 +1279,8 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	// reading at 2000 was taken during the wait.
 	for range 40 {
 		sv.Begin()
-		sv.End(3500, waitedFrom500)
+		sv.Judge(3500, waitedFrom500)
+		sv.End()
 	}
 	if tr := sv.Trust(3500); tr > 0.2 {
 		t.Fatalf("trust after 40 contradicted answers: %.2f", tr)
@@ -1297,17 +1298,19 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	// contradict it: the queue it met may have formed since.
 	honest := w.served["west"]
 	honest.Begin()
-	honest.End(6000, Wait{FromMs: 3100, ToMs: 5900})
+	honest.Judge(6000, Wait{FromMs: 3100, ToMs: 5900})
+	honest.End()
 	if tr := honest.Trust(6000); tr != 1 {
 		t.Errorf("a wait that began after the reading contradicted it: trust %.2f", tr)
 	}
 	// Answers that agree with the board earn the trust back.
 	for range 12 {
-		sv.Unanswered()
+		sv.End()
 	}
 	for range 100 {
 		sv.Begin()
-		sv.End(3500, Wait{})
+		sv.Judge(3500, Wait{})
+		sv.End()
 	}
 	if tr := sv.Trust(3500); tr < 0.95 {
 		t.Errorf("trust after 100 agreeing answers: %.2f", tr)
@@ -1335,7 +1338,8 @@ func TestQueueShownIsNoContradiction(t *testing.T) {
 	sv := w.served["west"]
 	for range 40 {
 		sv.Begin()
-		sv.End(3500, waitedFrom500)
+		sv.Judge(3500, waitedFrom500)
+		sv.End()
 	}
 	if tr := sv.Trust(3500); tr != 1 {
 		t.Errorf("a site that showed its queue: trust %.2f", tr)
@@ -1377,7 +1381,8 @@ func TestDistrustFades(t *testing.T) {
 	sv.claim(2000, true)
 	for range 60 {
 		sv.Begin()
-		sv.End(3500, waitedFrom500)
+		sv.Judge(3500, waitedFrom500)
+		sv.End()
 	}
 	if tr := sv.Trust(3500); tr > 0.1 {
 		t.Fatalf("trust after 60 contradicted answers: %.2f", tr)

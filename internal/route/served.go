@@ -23,9 +23,8 @@ type Served struct {
 	inFlight atomic.Int64
 	mu       sync.Mutex
 	// claims are the site's latest distinct claims (mu), as the builder
-	// read them, oldest first from next: a stream's wait ended at its
-	// first token, seconds before its answer ends and it is judged, and
-	// the readings taken during it are by then no longer the latest.
+	// read them, oldest first from next: a request's wait spans several
+	// readings, and ended before it is judged.
 	claims [claimHistory]boardClaim
 	next   int
 	// contradicted is the moving share of answers the board contradicted
@@ -48,10 +47,10 @@ type boardClaim struct {
 }
 
 // claimHistory is how many distinct claims a site's observed service
-// keeps: at the default one-second poll, the readings of the last minute,
-// longer than most streams' decode; a stream whose wait ended before them
-// is not judged. A kilobyte per remote site and model.
-const claimHistory = 64
+// keeps: at the default one-second poll, the readings of the last 16 s. A
+// stream is judged at its first byte, as its wait ends; a whole answer at
+// its end, and one whose wait ended before them is not judged.
+const claimHistory = 16
 
 // Wait is the stretch of time, on the store timeline, in which a request
 // certainly waited in its site's queue (Service.Waited): a reading taken
@@ -98,22 +97,22 @@ func (s *Served) claim(atMs int64, room bool) {
 	s.next = (s.next + 1) % claimHistory
 }
 
-// Unanswered records the end of a request Begin recorded that got no
-// answer: it says nothing of the board.
-func (s *Served) Unanswered() {
+// End records the end of a request Begin recorded, answered or not.
+func (s *Served) End() {
 	if s != nil {
 		s.inFlight.Add(-1)
 	}
 }
 
-// End records the answer to a request Begin recorded, ended at nowMs on
-// the store timeline; w is when it certainly waited in the site's queue
-// (Service.Waited).
-func (s *Served) End(nowMs int64, w Wait) {
+// Judge records what an answer showed of the site's board, at nowMs on
+// the store timeline: w is when it certainly waited in the site's queue
+// (Service.Waited), and a claim of room taken then contradicts the board.
+// A stream is judged at its first byte, a whole answer at its end, each
+// once; a request that got no answer says nothing of the board.
+func (s *Served) Judge(nowMs int64, w Wait) {
 	if s == nil {
 		return
 	}
-	s.inFlight.Add(-1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := 0.0

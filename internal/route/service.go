@@ -77,10 +77,11 @@ func (s *Service) Served(site, model string) *Served {
 	return madeOnFirstUse[Served](&s.served, servedKey{site, model})
 }
 
-// Waited is when an answer from site, which ended at endMs on the store
-// timeline after totalMs (its first byte at firstTokenMs) and was of
-// cost c, certainly waited in the site's queue: what Served.End judges
-// the site's claims by.
+// Waited is when an answer from site, sent at sentMs on the store
+// timeline, its first byte firstTokenMs later and its end totalMs later
+// (a stream is judged at its first byte, when its end is not known: it
+// passes its first byte's), of cost c, certainly waited in the site's
+// queue: what Served.Judge judges the site's claims by.
 //
 // A stream's wait is its time at the site before its first token beyond
 // what a request of its size takes there without one (CostModel.WaitMs;
@@ -100,15 +101,15 @@ func (s *Service) Served(site, model string) *Served {
 // that of all answers, mostly this site's, which holds no round trip: the
 // round trip to the peer is then taken off the duration too, or every
 // short answer from a distant honest peer would read as a wait.
-func (s *Service) Waited(site string, stream bool, endMs int64, firstTokenMs, totalMs float64, c Cost) Wait {
+func (s *Service) Waited(site string, stream bool, sentMs, firstTokenMs, totalMs float64, c Cost) Wait {
 	unitMs := s.MeanMs()
 	own := false
 	if v, ok := s.SiteMs(site); ok && v > 0 {
 		unitMs, own = v, true
 	}
 	rtt, rttOK := s.RoundTripMs(site)
-	end := float64(endMs)
 	if !stream {
+		end := sentMs + totalMs
 		if rttOK && !own {
 			totalMs -= rtt
 		}
@@ -133,8 +134,7 @@ func (s *Service) Waited(site string, stream bool, endMs int64, firstTokenMs, to
 	if !(waited > max(unitMs*judgedStreamWait, rtt)) {
 		return Wait{}
 	}
-	began := end - totalMs
-	return Wait{FromMs: began + least, ToMs: began + waited}
+	return Wait{FromMs: sentMs + least, ToMs: sentMs + waited}
 }
 
 // judgedStreamWait is the least wait, in units, a stream's answer is

@@ -169,10 +169,10 @@ func TestDistantPeersShortAnswerIsNoWait(t *testing.T) {
 		s.Observe("here", 50, true)
 	}
 	s.RoundTrip("far").Observe(120)
-	if w := s.Waited("far", false, 10_000, 0, 50+120, Cost{}); w.FromMs < w.ToMs {
+	if w := s.Waited("far", false, 10_000, 50+120, 50+120, Cost{}); w.FromMs < w.ToMs {
 		t.Errorf("a 50 ms answer 120 ms away read as a wait %v", w)
 	}
-	if w := s.Waited("far", false, 10_000, 0, 50+120+500, Cost{}); !(w.FromMs < w.ToMs) {
+	if w := s.Waited("far", false, 10_000, 50+120+500, 50+120+500, Cost{}); !(w.FromMs < w.ToMs) {
 		t.Errorf("an answer that waited 500 ms read as no wait %v", w)
 	}
 }
@@ -193,16 +193,16 @@ func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
 	for range serviceWindows * serviceWindow {
 		s.ObserveStream("west", 20, 1000)
 	}
-	w := s.Waited("west", true, 10_000, 820, 1820, Cost{})
+	w := s.Waited("west", true, 8_180, 820, 820, Cost{})
 	if w.FromMs > 8200 || w.ToMs < 8980 || w.ToMs > 9000 {
 		t.Fatalf("a stream sent at 8180, first token at 9000: judged in %v, want about [8200, 8980]", w)
 	}
-	if late := s.Waited("west", true, 10_000, 120, 1120, Cost{}); late.FromMs < late.ToMs {
+	if late := s.Waited("west", true, 8_180, 120, 120, Cost{}); late.FromMs < late.ToMs {
 		t.Errorf("a first token 100 ms late read as a wait %v", late)
 	}
 	// From a peer 400 ms away, 300 ms late is the path's to vary by.
 	s.RoundTrip("west").Observe(400)
-	if far := s.Waited("west", true, 10_000, 320, 1320, Cost{}); far.FromMs < far.ToMs {
+	if far := s.Waited("west", true, 8_180, 320, 320, Cost{}); far.FromMs < far.ToMs {
 		t.Errorf("a first token 300 ms late from a peer 400 ms away read as a wait %v", far)
 	}
 
@@ -213,7 +213,8 @@ func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
 	told.claim(9500, true)  // room again while the answer decoded
 	for _, sv := range []*Served{&lied, &told} {
 		sv.Begin()
-		sv.End(10_000, w)
+		sv.Judge(10_000, w)
+		sv.End()
 	}
 	if tr := lied.Trust(10_000); tr == 1 {
 		t.Errorf("a board that said room while the stream waited kept trust %.2f", tr)

@@ -539,8 +539,12 @@ func Run(cfg Config) Result {
 			if stack {
 				// The wait is judged before the stream teaches the
 				// estimates, as the gateway does.
-				end := int64(now * unit)
-				g.service.Served(name, "m").End(end, g.service.Waited(name, true, end, wait, wait+served, e.req.cost))
+				// The harness learns of a stream at its end: its first
+				// token is judged then, against the claims kept.
+				end := now * unit
+				sv := g.service.Served(name, "m")
+				sv.Judge(int64(end), g.service.Waited(name, true, end-wait-served, wait, wait+served, e.req.cost))
+				sv.End()
 				atSite := wait - e.req.rtt*unit
 				if waited, ok := g.service.Costs().WaitMs(e.req.cost, atSite); ok && e.req.load.OK {
 					g.service.Waits(name).Observe(e.req.load.V, waited)
