@@ -14,7 +14,7 @@ import (
 // certificate can claim any load and any number of idle providers; what
 // this gateway sees it serve is not the peer's to say.
 //
-// The request path writes it (Begin, End); the builder records each
+// The request path writes it (Begin, Judge, End); the builder records each
 // snapshot's claim (claim) and reads the trust once per snapshot; the
 // picks read InFlight. Any goroutine may call it.
 type Served struct {
