@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -151,8 +150,11 @@ func runLyingPeer(t *testing.T, claimed int) (share, leastTrust map[string]float
 				return
 			case <-tick.C:
 			}
-			for site, tr := range readTrust(httpGet("http://" + east.gwMetrics + "/metrics")) {
-				leastTrust[site] = min(leastTrust[site], tr)
+			m := httpGet("http://" + east.gwMetrics + "/metrics")
+			for site := range leastTrust {
+				if tr := sample(m, "grid_route_site_trust", `site="`+site+`"`); tr >= 0 {
+					leastTrust[site] = min(leastTrust[site], tr)
+				}
 			}
 		}
 	})
@@ -198,22 +200,4 @@ func runLyingPeer(t *testing.T, claimed int) (share, leastTrust map[string]float
 		t.Fatalf("only %d answers in %v: %v", total, time.Since(began).Round(time.Second), served)
 	}
 	return share, leastTrust
-}
-
-// readTrust is each site's grid_route_site_trust in a gateway's
-// exposition (one model here).
-func readTrust(exposition string) map[string]float64 {
-	out := map[string]float64{}
-	for _, l := range strings.Split(exposition, "\n") {
-		if !strings.HasPrefix(l, "grid_route_site_trust{") {
-			continue
-		}
-		_, labels, _ := strings.Cut(l, `site="`)
-		site, _, _ := strings.Cut(labels, `"`)
-		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
-		if site != "" && err == nil {
-			out[site] = v
-		}
-	}
-	return out
 }

@@ -190,9 +190,9 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 		return
 	}
 	decode := ms(end.Sub(ans.firstByte))
-	atSite := first // the round trip to a peer aside
-	if rtt, ok := g.service.RoundTripMs(ob.site); !ob.local && ok {
-		atSite = max(first-rtt, 0)
+	atSite := first
+	if !ob.local {
+		atSite = g.service.AtSiteMs(ob.site, first)
 	}
 	if waited, ok := g.service.Costs().WaitMs(ob.cost, atSite); ok && ob.load.OK {
 		g.service.Waits(ob.site).Observe(ob.load.V, waited)

@@ -63,6 +63,16 @@ func (s *Service) RoundTripMs(site string) (float64, bool) {
 	return v.(*RoundTrip).Ms()
 }
 
+// AtSiteMs is how long a stream from site was at the site before its
+// first token: its time to first token less the round trip to the site's
+// gateway, when one is measured (this site's own providers have none).
+func (s *Service) AtSiteMs(site string, firstTokenMs float64) float64 {
+	if rtt, ok := s.RoundTripMs(site); ok {
+		return max(firstTokenMs-rtt, 0)
+	}
+	return firstTokenMs
+}
+
 // Waits is the waits observed at site, made on first use.
 func (s *Service) Waits(site string) *WaitCurve { return madeOnFirstUse[WaitCurve](&s.waits, site) }
 
@@ -124,11 +134,7 @@ func (s *Service) Waited(site string, stream bool, sentMs, firstTokenMs, totalMs
 		least = firstTokenMs
 	}
 	waited := firstTokenMs - least
-	atSite := firstTokenMs
-	if rttOK {
-		atSite = max(firstTokenMs-rtt, 0)
-	}
-	if w, ok := s.costs.WaitMs(c, atSite); ok {
+	if w, ok := s.costs.WaitMs(c, s.AtSiteMs(site, firstTokenMs)); ok {
 		waited = w
 	}
 	if !(waited > max(unitMs*judgedStreamWait, rtt)) {
