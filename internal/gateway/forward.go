@@ -338,14 +338,18 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			g.bind(x.sess, x.attempt, affinity.Binding{Site: c.Site, Provider: ans.provider})
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied; its first byte is the time to
-			// first token the dashboard shows.
+			// first token the dashboard shows. A detached stream keeps
+			// this body as long as it runs, and with it what the hooks
+			// capture: never x, whose writer and request hold the server
+			// connection's buffers (TestDetachedStreamLetsGoOfItsHandler).
+			cost := x.cost
 			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
 				failed: func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
 				firstByte: func() {
 					ans.firstByte = g.clk.Now()
 					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
 					if ans.stream && ans.served != nil {
-						g.judgeStream(c.Site, ans.served, ans.firstByte.Sub(began), x.cost)
+						g.judgeStream(c.Site, ans.served, ans.firstByte.Sub(began), cost)
 					}
 				},
 				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK,
