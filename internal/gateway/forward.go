@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/affinity"
+	"github.com/grid-inference/grid/internal/h1client"
 	"github.com/grid-inference/grid/internal/route"
 )
 
@@ -449,9 +450,9 @@ func classifyUpstream(err error) upstreamFailure {
 		return upstreamRefused
 	case errors.As(err, &alert), errors.As(err, &record), errors.As(err, &cve), strings.Contains(msg, "TLS handshake timeout"):
 		return upstreamTLS
-	case strings.Contains(msg, "timeout awaiting response headers"):
+	case errors.Is(err, h1client.ErrResponseHeaderTimeout), strings.Contains(msg, "timeout awaiting response headers"):
 		return upstreamResponse
-	case errors.Is(err, errHopSilent), strings.Contains(msg, "connection lost"):
+	case errors.Is(err, errHopSilent), errors.Is(err, h1client.ErrConnectionLost), strings.Contains(msg, "connection lost"):
 		return upstreamLost
 	}
 	return upstreamTransport

@@ -9,6 +9,7 @@ import (
 
 	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
+	"github.com/grid-inference/grid/internal/h1client"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/route"
 )
@@ -23,20 +24,19 @@ const (
 	hopPingAfter = 300 * time.Millisecond
 )
 
-// upstreams holds the keep-alive connection pools: one HTTP/1.1 transport
-// for this site's providers, one HTTP/2 mTLS transport per remote site's
-// gateway.
+// upstreams holds the keep-alive connection pools: this site's providers'
+// (localTransport), one HTTP/2 mTLS transport per remote site's gateway.
 type upstreams struct {
 	id     *identity.Source
 	limits config.Upstream
-	local  *http.Transport
+	local  localTransport
 	hop    *hopWatch
 	mu     sync.Mutex
 	remote map[string]*http.Transport
 }
 
 func newUpstreams(id *identity.Source, limits config.Upstream, log *slog.Logger) *upstreams {
-	return &upstreams{id: id, limits: limits, local: newTransport(limits), hop: newHopWatch(log), remote: map[string]*http.Transport{}}
+	return &upstreams{id: id, limits: limits, local: localTransport{plain: newLocalTransport(limits), tls: newTransport(limits)}, hop: newHopWatch(log), remote: map[string]*http.Transport{}}
 }
 
 // newTransport is a pool bounded by limits: connecting (TLS included) by
@@ -61,10 +61,40 @@ func newTransport(limits config.Upstream) *http.Transport {
 	}
 }
 
+// newLocalTransport is the pool of this site's plain-HTTP providers
+// (h1client: no goroutine per connection, a request in one write), bounded
+// as newTransport's.
+func newLocalTransport(limits config.Upstream) *h1client.Transport {
+	return &h1client.Transport{
+		DialContext:           (&net.Dialer{Timeout: limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		ResponseHeaderTimeout: limits.ResponseHeaderTimeout.D(),
+		IdleConnTimeout:       idleConnTimeout,
+		MaxIdleConnsPerHost:   256,
+		// A stream's connection holds it for the whole stream; an answer
+		// is copied out in the proxy's own buffer, or the detached
+		// stream's.
+		ReadBufferSize: 1 << 10,
+	}
+}
+
+// localTransport is this site's providers' pool: plain HTTP by h1client,
+// https (a provider behind TLS) by net/http's transport.
+type localTransport struct {
+	plain *h1client.Transport
+	tls   *http.Transport
+}
+
+func (l localTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme == "http" {
+		return l.plain.RoundTrip(req)
+	}
+	return l.tls.RoundTrip(req)
+}
+
 // transport returns the pool for a candidate: a remote site's gateway is
 // dialled with this site's identity, must present exactly that site's, and
 // is spoken to over HTTP/2, its connections watched for silence.
-func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
+func (u *upstreams) transport(c *route.Candidate) (http.RoundTripper, error) {
 	if c.Local {
 		return u.local, nil
 	}
@@ -86,7 +116,8 @@ func (u *upstreams) transport(c *route.Candidate) (*http.Transport, error) {
 }
 
 func (u *upstreams) close() {
-	u.local.CloseIdleConnections()
+	u.local.plain.CloseIdleConnections()
+	u.local.tls.CloseIdleConnections()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	for _, t := range u.remote {

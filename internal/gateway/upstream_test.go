@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/grid-inference/grid/internal/clock"
+	"github.com/grid-inference/grid/internal/h1client"
 	"github.com/grid-inference/grid/internal/route"
 )
 
@@ -108,6 +109,8 @@ func TestClassifyUpstream(t *testing.T) {
 		{&net.OpError{Op: "read", Err: errHopSilent}, upstreamLost, true},
 		{fmt.Errorf("hop 127.0.0.1:1: TLS handshake timeout: %w", context.DeadlineExceeded), upstreamTLS, true},
 		{errors.New("net/http: timeout awaiting response headers"), upstreamResponse, false},
+		{fmt.Errorf("provider: %w", h1client.ErrConnectionLost), upstreamLost, true},
+		{fmt.Errorf("provider: %w", h1client.ErrResponseHeaderTimeout), upstreamResponse, false},
 		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, upstreamTransport, false},
 	} {
 		got := classifyUpstream(tc.err)
