@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"net/http"
@@ -45,7 +46,7 @@ func newUpstreams(id *identity.Source, limits config.Upstream, log *slog.Logger)
 func newTransport(limits config.Upstream) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialUpstream(limits),
 		TLSHandshakeTimeout:   limits.ConnectTimeout.D(),
 		ResponseHeaderTimeout: limits.ResponseHeaderTimeout.D(),
 		IdleConnTimeout:       idleConnTimeout,
@@ -61,12 +62,18 @@ func newTransport(limits config.Upstream) *http.Transport {
 	}
 }
 
+// dialUpstream opens an upstream's TCP connection within the connect
+// timeout, for either kind of pool.
+func dialUpstream(limits config.Upstream) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return (&net.Dialer{Timeout: limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}).DialContext
+}
+
 // newLocalTransport is the pool of this site's plain-HTTP providers
 // (h1client: no goroutine per connection, a request in one write), bounded
 // as newTransport's.
 func newLocalTransport(limits config.Upstream) *h1client.Transport {
 	return &h1client.Transport{
-		DialContext:           (&net.Dialer{Timeout: limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialUpstream(limits),
 		ResponseHeaderTimeout: limits.ResponseHeaderTimeout.D(),
 		IdleConnTimeout:       idleConnTimeout,
 		MaxIdleConnsPerHost:   256,
