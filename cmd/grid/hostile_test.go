@@ -37,12 +37,13 @@ import (
 // The trust gauge is asserted over both runs and over the samples, not at
 // its least: with both cores busy a stall delays every stream a site holds
 // at once, and each is judged as a wait (CI read honest west at 0.58 for a
-// moment; docs/design-record.md), and one run in four with both cores busy
-// never read north below 1 claiming 64, whose share still held. In four
-// runs more with both cores busy east read north below 0.9 in 25-27 of
-// 32-34 samples claiming one provider and 8-26 of 42-45 claiming 64, west
-// in none. West is read at 0.9 or more in at least four samples in five
-// of each run, and north below 0.9 at some sample of one of the two.
+// moment; docs/design/routing-experiments.md), and one run in four with
+// both cores busy never read north below 1 claiming 64, whose share still
+// held. In four runs more with both cores busy east read north below 0.9
+// in 25-27 of 32-34 samples claiming one provider and 8-26 of 42-45
+// claiming 64, west in none. West is read at 0.9 or more in at least four
+// samples in five of each run, and north below 0.9 at some sample of one
+// of the two.
 func TestLyingPeerCannotBuyTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three sites of real processes under load")

@@ -59,6 +59,7 @@ type site struct {
 	name                      string
 	sim                       *sim.Sim
 	simURL                    string
+	metricsURL                string // where its provider's metrics are read: simURL unless it lies
 	op                        *operator.Operator
 	gw                        *gateway.Gateway
 	client, hop, signals, met string
@@ -84,6 +85,10 @@ type gridSpec struct {
 	// hopDelay, where set, puts a link of that one-way delay in front of
 	// each site's hop listener: the peers' gateways reach it through it.
 	hopDelay time.Duration
+	// claimsIdle, where set, makes a site's board lie: its provider's
+	// metrics come from a second sim of that many slots that nothing is
+	// sent to, idle whatever the serving sim holds.
+	claimsIdle map[string]int
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -110,12 +115,15 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 			t.Fatal(err)
 		}
 		s.sim = sm
-		simSrv := httptest.NewServer(sm.Handler())
-		s.simURL = simSrv.URL
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { sm.Run(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done; simSrv.Close() })
+		s.simURL = runSim(t, sm)
+		s.metricsURL = s.simURL
+		if slots, ok := spec.claimsIdle[n]; ok {
+			idle, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: slots, RefreshInterval: 100 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.metricsURL = runSim(t, idle)
+		}
 		sites[n] = s
 	}
 	tlsBlock := func(n string) string {
@@ -141,7 +149,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 			peerPoll = "1s"
 		}
 		opYAML := fmt.Sprintf("site: %s\n%sstateDir: %s\npeerPollInterval: "+peerPoll+"\npeers:\n  - {site: %s, signals: 'https://%s', gateway: 'https://%s'}\nproviders:\n  - {name: %s-pool, model: %s, kind: epp, upstream: %q, metrics: {endpoint: %q}}\n",
-			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, hopAddr[peer.name], n, sim.DefaultModel, s.simURL, s.simURL)
+			n, tlsBlock(n), t.TempDir(), peer.name, peer.signals, hopAddr[peer.name], n, sim.DefaultModel, s.simURL, s.metricsURL)
 		opCfg, err := config.ParseOperator(n+".yaml", []byte(opYAML))
 		if err != nil {
 			t.Fatal(err)
@@ -204,6 +212,16 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		t.Cleanup(func() { gcancel(); <-gdone; s.gw.Close() })
 	}
 	return sites
+}
+
+// runSim serves sm on loopback until the test ends, and returns its URL.
+func runSim(t *testing.T, sm *sim.Sim) string {
+	srv := httptest.NewServer(sm.Handler())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sm.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	return srv.URL
 }
 
 var client = &http.Client{Timeout: 30 * time.Second}
