@@ -235,11 +235,15 @@ func chat(t *testing.T, addr string, tokens int, stream bool) (*http.Response, s
 	return resp, body
 }
 
+// chatBody is a chat completion of the sim's model asking for tokens.
+func chatBody(tokens int, stream bool) string {
+	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, sim.DefaultModel, tokens, stream)
+}
+
 // postChat sends a chat completion to the gateway at addr and reads the
 // answer; unlike chat, it may run on any goroutine.
 func postChat(addr string, tokens int, stream bool) (*http.Response, string, error) {
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":%v}`, sim.DefaultModel, tokens, stream)
-	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(tokens, stream)))
 	if err != nil {
 		return nil, "", err
 	}

@@ -2,17 +2,11 @@ package gateway_test
 
 import (
 	"bufio"
-	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/grid-inference/grid/internal/gateway"
-	"github.com/grid-inference/grid/internal/sim"
 )
 
 // TestStreamIsJudgedAtItsFirstByte: west's board claims eight idle slots
@@ -31,14 +25,17 @@ func TestStreamIsJudgedAtItsFirstByte(t *testing.T) {
 		pollInterval: "200ms", peerPollInterval: "200ms",
 	})
 	east := sites["east"]
+	// east's trust in west (grid_route_site_trust), 0 before it publishes
+	// one: trust is never below its floor.
+	trust := func() float64 { return metric(east.gw.MetricsHandler(), "grid_route_site_trust", `site="west"`) }
 	// An unqueued stream from west first: it teaches east's gateway
 	// west's least time to first token, which a wait is measured from.
 	waitUntil(t, 20*time.Second, "west serves a lone stream", func() bool {
 		resp, _ := chat(t, east.client, 1, true)
 		return resp.StatusCode == http.StatusOK && resp.Header.Get("X-Grid-Site") == "west"
 	})
-	waitUntil(t, 5*time.Second, "east publishes its trust in west", func() bool { return trustOf(east.gw, "west") >= 0 })
-	if tr := trustOf(east.gw, "west"); tr != 1 {
+	waitUntil(t, 5*time.Second, "east publishes its trust in west", func() bool { return trust() > 0 })
+	if tr := trust(); tr != 1 {
 		t.Fatalf("before any stream waited, east read west at %.2f", tr)
 	}
 
@@ -54,8 +51,7 @@ func TestStreamIsJudgedAtItsFirstByte(t *testing.T) {
 		wg.Go(func() {
 			s := &streams[i]
 			s.sent = time.Now()
-			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":true}`, sim.DefaultModel)
-			resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			resp, err := client.Post("http://"+east.client+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(100, true)))
 			if err != nil {
 				return
 			}
@@ -83,7 +79,7 @@ func TestStreamIsJudgedAtItsFirstByte(t *testing.T) {
 			continue
 		case <-tick.C:
 		}
-		if tr := trustOf(east.gw, "west"); tr >= 0 && tr < 1 {
+		if tr := trust(); tr > 0 && tr < 1 {
 			fell = time.Now()
 		}
 	}
@@ -103,25 +99,9 @@ func TestStreamIsJudgedAtItsFirstByte(t *testing.T) {
 	}
 	t.Logf("a stream waited %v at west and decoded %v; east read west below its claims %v after its first byte (trust now %.2f)",
 		waited.first.Sub(waited.sent).Round(time.Millisecond), waited.ended.Sub(waited.first).Round(time.Millisecond),
-		fell.Sub(waited.first).Round(time.Millisecond), trustOf(east.gw, "west"))
+		fell.Sub(waited.first).Round(time.Millisecond), trust())
 	if !fell.Before(waited.ended) {
 		t.Errorf("east's trust in west did not fall before the waited stream ended (first byte after %v, decode %v)",
 			waited.first.Sub(waited.sent).Round(time.Millisecond), waited.ended.Sub(waited.first).Round(time.Millisecond))
 	}
-}
-
-// trustOf is the trust gw publishes for site's model (grid_route_site_trust),
-// or -1 before it publishes one.
-func trustOf(gw *gateway.Gateway, site string) float64 {
-	rec := httptest.NewRecorder()
-	gw.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	prefix := `grid_route_site_trust{model="` + sim.DefaultModel + `",site="` + site + `"} `
-	for _, l := range strings.Split(rec.Body.String(), "\n") {
-		if v, ok := strings.CutPrefix(l, prefix); ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil {
-				return f
-			}
-		}
-	}
-	return -1
 }
