@@ -167,6 +167,29 @@ func readEvent(t *testing.T, r *bufio.Reader) string {
 	}
 }
 
+// openStream sends a streamed completion to the gateway at addr and
+// returns its answer once its first event has come. The answer's body
+// closes with the test.
+func openStream(t *testing.T, addr string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	if got := readEvent(t, br); got != "first" {
+		t.Fatalf("first event %q", got)
+	}
+	return resp, br
+}
+
+// waitDetached waits until g holds one detached stream.
+func waitDetached(t *testing.T, g *Gateway) {
+	t.Helper()
+	waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
@@ -200,16 +223,8 @@ func TestDetachedStreamLetsGoOfItsHandler(t *testing.T) {
 		runtime.AddCleanup(r, func(*atomic.Int32) { collected.Add(1) }, &collected)
 		handler.ServeHTTP(w, r)
 	})
-	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if got := readEvent(t, br); got != "first" {
-		t.Fatalf("first event %q", got)
-	}
-	waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+	_, br := openStream(t, addr)
+	waitDetached(t, g)
 	waitFor(t, "the detached stream's handler request collected", func() bool {
 		runtime.GC()
 		return collected.Load() == 1
@@ -275,7 +290,7 @@ func detachedStreamKeepsItsConnection(t *testing.T, g *Gateway, up *sseUpstream,
 		if got := readEvent(t, br); got != "first" {
 			t.Fatalf("first event %q", got)
 		}
-		waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+		waitDetached(t, g)
 		for i := range 3 {
 			up.step <- fmt.Sprint("event-", i)
 			if got := readEvent(t, br); got != fmt.Sprint("event-", i) {
@@ -302,13 +317,8 @@ func detachedStreamKeepsItsConnection(t *testing.T, g *Gateway, up *sseUpstream,
 func TestDetachedStreamClientLeaves(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
-	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(resp.Body)
-	readEvent(t, br)
-	waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+	resp, _ := openStream(t, addr)
+	waitDetached(t, g)
 	resp.Body.Close()
 	// The gateway learns of the leaving when a write fails: the next
 	// event or the one after. Events come every 10 ms, as tokens do.
@@ -485,19 +495,7 @@ func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
 	switchDetachOff(t, g)
-	stream := func() *bufio.Reader {
-		resp, err := http.DefaultClient.Do(streamRequest(t, addr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		br := bufio.NewReader(resp.Body)
-		if got := readEvent(t, br); got != "first" {
-			t.Fatalf("first event %q", got)
-		}
-		return br
-	}
-	br := stream()
+	_, br := openStream(t, addr)
 	if n := g.streams.Len(); n != 0 {
 		t.Fatalf("detaching off: %d streams detached", n)
 	}
@@ -511,7 +509,7 @@ func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	up.step = make(chan string)
-	stream()
+	openStream(t, addr)
 	waitFor(t, "a stream after the reload is detached", func() bool { return g.streams.Len() == 1 })
 	close(up.step)
 }
@@ -524,14 +522,8 @@ func TestDrainStreams(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
 	open := func() *bufio.Reader {
-		resp, err := http.DefaultClient.Do(streamRequest(t, addr))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		br := bufio.NewReader(resp.Body)
-		readEvent(t, br)
-		waitFor(t, "the stream is detached", func() bool { return g.streams.Len() == 1 })
+		_, br := openStream(t, addr)
+		waitDetached(t, g)
 		return br
 	}
 
@@ -668,7 +660,7 @@ func TestBodyBudgetHeldUntilTheUpstreamLetsGo(t *testing.T) {
 	if ev := readEvent(t, r); ev != "first" {
 		t.Fatalf("first event %q", ev)
 	}
-	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+	waitDetached(t, g)
 	if used := g.bodies.used.Load(); used < size-bodyAllowance {
 		t.Errorf("with the upstream still holding the body, the budget counts %d bytes; want at least %d", used, size-bodyAllowance)
 	}
@@ -686,13 +678,7 @@ func TestInterruptStreamsEndsCopiedStreams(t *testing.T) {
 	up := newSSEUpstream(t)
 	g, addr := detachGateway(t, up.URL)
 	switchDetachOff(t, g)
-	resp, err := http.DefaultClient.Do(streamRequest(t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	readEvent(t, br)
+	_, br := openStream(t, addr)
 	g.InterruptStreams(context.Background()) // within its time: nothing
 	if g.stopping.Err() != nil {
 		t.Fatal("InterruptStreams with time left interrupted the streams")
@@ -818,7 +804,7 @@ func openKeptAliveStream(t *testing.T, g *Gateway, addr string) *keptAliveStream
 	if ev := readEvent(t, bufio.NewReader(io.LimitReader(ka.resp.Body, 64))); ev != "first" {
 		t.Fatalf("first event %q", ev)
 	}
-	waitFor(t, "the stream detached", func() bool { return g.streams.Len() == 1 })
+	waitDetached(t, g)
 	return ka
 }
 
