@@ -35,6 +35,14 @@ type AgeAwareOptions struct {
 	// its predicted load read with the spread of what happened since its
 	// readings (siteWater.spread), as the latency policy always does.
 	Uncertain bool
+	// OwnCount sends to the site least loaded by this gateway's own count
+	// of its requests there once it holds ownInformed (water.ownLeast): an
+	// experiment of the routing harness (internal/routesim's
+	// age-aware+own-count), not the default; its design record is in
+	// docs/design/routing-experiments.md. A gateway does not count its
+	// requests at its own site, and reads what it held at a reading when
+	// it first reads it, not when it was taken.
+	OwnCount bool
 }
 
 // NewAgeAware returns the age-aware policy, reading ages in pace's units.
@@ -56,6 +64,9 @@ func (p *AgeAware) forget(keys []loadstore.Key) {
 type ageAwarePicker struct {
 	cands     []ageCandidate
 	uncertain bool // AgeAwareOptions.Uncertain
+	// ownLeast: the picks go to the least loaded site by this gateway's
+	// own requests once it holds enough (AgeAwareOptions.OwnCount).
+	ownLeast bool
 }
 
 // ageCandidate is what the age-aware policy reads of one candidate.
@@ -87,6 +98,11 @@ type ageCandidate struct {
 	// observations).
 	served *Served
 	trust  float64
+	// held is this gateway's requests at the candidate's site, local or
+	// remote (for a remote site, served itself); heldThen how many it held
+	// when the builder first read the candidate's reading.
+	held     *Served
+	heldThen float64
 }
 
 // prepare interprets the snapshot (docs/routing.md): each candidate's load
@@ -105,11 +121,12 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	if d <= 0 {
 		d = DefaultServiceMs
 	}
-	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates)), uncertain: p.opts.Uncertain}
+	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates)), uncertain: p.opts.Uncertain, ownLeast: p.opts.OwnCount && !p.opts.IgnoreOwnSends}
 	// A site's unit is asked of the pace once per build, not once per
 	// provider: SitePace reads both estimates' windows under their locks.
 	units := map[string]float64{}
 	served := map[servedKey]*Served{}
+	newest := map[servedKey]int64{} // each site's newest reading of the model
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
 		unit, ok := units[c.Site]
@@ -122,13 +139,14 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.unitMs = unit
 		a.trust = 1
+		sk := servedKey{c.Site, c.Model}
+		sv, ok := served[sk]
+		if !ok {
+			sv = p.pace.Served(c.Site, c.Model)
+			served[sk] = sv
+		}
+		a.held = sv
 		if !c.Local {
-			k := servedKey{c.Site, c.Model}
-			sv, ok := served[k]
-			if !ok {
-				sv = p.pace.Served(c.Site, c.Model)
-				served[k] = sv
-			}
 			a.served, a.trust = sv, sv.Trust(now)
 		}
 		if c.latestAt == 0 {
@@ -136,6 +154,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.read = true
 		a.readLoad, a.holdMs = c.latestInFlight/c.Ceiling, c.backlogMs
+		newest[sk] = max(newest[sk], c.latestAt)
 		a.interpreted = c.Admission == NewAndExisting && !math.IsNaN(c.Score) && (c.Measured || c.assumed)
 		if p.opts.IgnoreOwnSends {
 			continue
@@ -147,6 +166,12 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 			p.counters[k] = cnt
 		}
 		a.own = cnt
+	}
+	for i := range snap.Candidates {
+		c, a := &snap.Candidates[i], &pk.cands[i]
+		if at, ok := newest[servedKey{c.Site, c.Model}]; ok && pk.ownLeast {
+			a.heldThen = a.held.heldAt(at)
+		}
 	}
 	pk.assignSlots(snap)
 	recordClaims(snap, pk)
@@ -214,7 +239,7 @@ func recordClaims(snap *Snapshot, pk *ageAwarePicker) {
 const levelSlack = 1e-9
 
 func (pk *ageAwarePicker) restrict(r *Snapshot, kept []int32) picker {
-	out := &ageAwarePicker{cands: make([]ageCandidate, len(kept)), uncertain: pk.uncertain}
+	out := &ageAwarePicker{cands: make([]ageCandidate, len(kept)), uncertain: pk.uncertain, ownLeast: pk.ownLeast}
 	for k, i := range kept {
 		out.cands[k] = pk.cands[i]
 	}
@@ -515,10 +540,80 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 	}
 	var w water
 	w.fill(pk, s, group[:n], nowMs, true)
+	if pk.ownLeast {
+		if j, ok := w.ownLeast(pk, s, group[:n], turn); ok {
+			return w.draw(pk, s, group[:n], j, turn, nowMs, 1)
+		}
+	}
 	level := w.level()
 	below := w.distances(level, pk.uncertain)
 	return w.draw(pk, s, group[:n], w.byShare(&below, level, turn), turn, nowMs, 1)
 }
+
+// ownLeast returns the site whose load, as this gateway's own requests
+// tell it, is least, once the gateway holds at least ownInformed
+// requests over the group's sites; ok is false before that.
+//
+// A gateway knows its own requests at each site exactly, now, where the
+// board is a reading as old as its age. The grid's other gateways route
+// by the same rule, so each site holds about k times this gateway's
+// requests there, k the grid's requests over its own at the readings;
+// what a site's reading showed beyond k times this gateway's requests
+// then (a client sending to the site directly, replicas that draw
+// unalike) is added as it was read: a load from outside the gateways
+// persists. Each replica counts different requests, so the replicas that
+// read one board do not send to one site, as the least loaded site by the
+// board alone would have them do. With few requests of its own a
+// gateway's count says little, and the draw by share decides.
+func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn uint64) (int, bool) {
+	var own, then, read [MaxSites]float64
+	var counted [MaxSites]bool
+	var sumOwn, sumThen, sumRead float64
+	for _, i := range group {
+		c, a := &s.Candidates[i], &pk.cands[i]
+		site := a.slot
+		read[site] += c.latestInFlight
+		sumRead += c.latestInFlight
+		if !counted[site] {
+			counted[site] = true
+			own[site], then[site] = a.held.InFlight(), a.heldThen
+			sumOwn += own[site]
+			sumThen += then[site]
+		}
+	}
+	if sumOwn < ownInformed {
+		return 0, false
+	}
+	k := 1.0
+	if sumThen > 0 {
+		k = max(sumRead/sumThen, 1)
+	}
+	best, least, ties := -1, math.Inf(1), 0
+	for j := range w.sites[:w.n] {
+		sw := &w.sites[j]
+		if !sw.used {
+			continue
+		}
+		switch v := (k*own[j] + max(read[j]-k*then[j], 0)) / sw.capacity; {
+		case v < least:
+			best, least, ties = j, v, 1
+		case v == least:
+			// Ties drawn evenly: the first of them is kept with
+			// probability 1/ties at each.
+			ties++
+			if unit(turn, salt0+uint64(ties)) < 1/float64(ties) {
+				best = j
+			}
+		}
+	}
+	return best, best >= 0
+}
+
+// ownInformed is how many requests a gateway must hold over a model's
+// sites before its own count decides its picks (ownLeast): below it, with
+// many replicas each holding a few, the counts are too coarse and the
+// draw by share routes better (internal/routesim, 16 and 64 gateways).
+const ownInformed = 8
 
 // interpreted puts the positions of healthy that the policy reads into
 // group and returns how many.

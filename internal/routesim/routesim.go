@@ -49,10 +49,13 @@ const (
 	JSQStaleOwn   = "jsq-stale+own"
 	P2CStaleOwn   = "p2c-stale+own"
 	AgeAwareNoOwn = "age-aware-no-own"
+	// AgeAwareOwnCount is the default with route.AgeAwareOptions.OwnCount:
+	// a gateway holding enough requests routes by its own count of them.
+	AgeAwareOwnCount = "age-aware+own-count"
 )
 
 // Policies lists every policy, in table order.
-var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, Latency, Oracle}
+var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, AgeAwareOwnCount, Latency, Oracle}
 
 // Phases is when the readings a gateway sees refresh.
 type Phases string
@@ -301,9 +304,9 @@ func Run(cfg Config) Result {
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
 		switch cfg.Policy {
-		case AgeAware, AgeAwareNoOwn:
+		case AgeAware, AgeAwareNoOwn, AgeAwareOwnCount:
 			// The ablation reads the board alone.
-			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn})
+			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn, OwnCount: cfg.Policy == AgeAwareOwnCount})
 		case Latency:
 			policy = route.NewLatency(g.service, g.service)
 		}
@@ -685,7 +688,7 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 // directly.
 func throughStack(policy string) bool {
 	switch policy {
-	case Reference, AgeAware, AgeAwareNoOwn, Latency:
+	case Reference, AgeAware, AgeAwareNoOwn, AgeAwareOwnCount, Latency:
 		return true
 	}
 	return false
