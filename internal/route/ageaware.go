@@ -140,14 +140,16 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		a.unitMs = unit
 		a.trust = 1
 		sk := servedKey{c.Site, c.Model}
-		sv, ok := served[sk]
-		if !ok {
-			sv = p.pace.Served(c.Site, c.Model)
-			served[sk] = sv
-		}
-		a.held = sv
-		if !c.Local {
-			a.served, a.trust = sv, sv.Trust(now)
+		if !c.Local || pk.ownLeast {
+			sv, ok := served[sk]
+			if !ok {
+				sv = p.pace.Served(c.Site, c.Model)
+				served[sk] = sv
+			}
+			a.held = sv
+			if !c.Local {
+				a.served, a.trust = sv, sv.Trust(now)
+			}
 		}
 		if c.latestAt == 0 {
 			continue
@@ -598,8 +600,8 @@ func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn ui
 		case v < least:
 			best, least, ties = j, v, 1
 		case v == least:
-			// Ties drawn evenly: the first of them is kept with
-			// probability 1/ties at each.
+			// Ties drawn evenly: the n-th of them replaces the pick
+			// with probability 1/n.
 			ties++
 			if unit(turn, salt0+uint64(ties)) < 1/float64(ties) {
 				best = j

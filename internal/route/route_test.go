@@ -21,7 +21,8 @@ type world struct {
 	b     *Builder
 	set   Settings
 	// ageAware builds with the age-aware policy, reading ages in meanMs
-	// and siteMs (the world is its Pace); ignoreOwn reads the board alone.
+	// and siteMs (the world is its Pace); ignoreOwn reads the board alone,
+	// ownCount routes by its own count (AgeAwareOptions.OwnCount).
 	// The policy is made at the first such build and kept.
 	ageAware, ignoreOwn, uncertain, ownCount bool
 	meanMs                                   float64
