@@ -126,7 +126,10 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	// provider: SitePace reads both estimates' windows under their locks.
 	units := map[string]float64{}
 	served := map[servedKey]*Served{}
-	newest := map[servedKey]int64{} // each site's newest reading of the model
+	var newest map[servedKey]int64 // each site's newest reading of the model (OwnCount)
+	if pk.ownLeast {
+		newest = map[servedKey]int64{}
+	}
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
 		unit, ok := units[c.Site]
@@ -156,7 +159,9 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.read = true
 		a.readLoad, a.holdMs = c.latestInFlight/c.Ceiling, c.backlogMs
-		newest[sk] = max(newest[sk], c.latestAt)
+		if pk.ownLeast {
+			newest[sk] = max(newest[sk], c.latestAt)
+		}
 		a.interpreted = c.Admission == NewAndExisting && !math.IsNaN(c.Score) && (c.Measured || c.assumed)
 		if p.opts.IgnoreOwnSends {
 			continue
@@ -169,9 +174,11 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		}
 		a.own = cnt
 	}
+	// What each site held at its newest reading, read once all its
+	// candidates' readings are known (OwnCount only).
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
-		if at, ok := newest[servedKey{c.Site, c.Model}]; ok && pk.ownLeast {
+		if at, ok := newest[servedKey{c.Site, c.Model}]; ok {
 			a.heldThen = a.held.heldAt(at)
 		}
 	}
