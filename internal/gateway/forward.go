@@ -52,12 +52,19 @@ tries:
 		g.m.decisions.WithLabelValues(c.Site, c.Provider, reason).Inc()
 		g.picks.add(c.Site)
 		began := g.clk.Now()
+		// Every site's count of the requests this gateway routed is kept
+		// (route.Served), not of those a peer gateway routed here over
+		// the hop: they are the peer's. Only a remote site's board is
+		// judged by what its answers show.
 		var sv *route.Served
-		if !c.Local {
+		if x.peer == nil || !c.Local {
 			sv = g.service.Served(c.Site, c.Model)
 		}
-		ans := answer{bound: pick.Path == route.PathSession, served: sv}
-		sv.Begin()
+		ans := answer{bound: pick.Path == route.PathSession}
+		if !c.Local {
+			ans.served = sv
+		}
+		sv.Begin(g.timeline.NowMs())
 		x.attempt = pick
 		ob := observation{site: c.Site, local: c.Local, served: sv, began: began, room: pick.Room, load: pick.Load, cost: x.cost}
 		switch x.forward(c, began, &ans) {
@@ -70,10 +77,10 @@ tries:
 			g.observeService(&ob, &ans, true)
 			return "routed", nil
 		case failed:
-			sv.End()
+			sv.End(g.timeline.NowMs())
 			return "upstream_error", nil
 		}
-		sv.End()
+		sv.End(g.timeline.NowMs())
 		if try == 1 {
 			break
 		}
@@ -143,9 +150,9 @@ type answer struct {
 }
 
 // observation is what an attempt's answer is observed against: where it
-// went (served: a remote site's observed service, nil for this site's),
-// when, what its pick read (room, and the site's predicted load), and the
-// request's estimated size.
+// went (served: the site's observed service, judged for a remote site
+// only), when, what its pick read (room, and the site's predicted load),
+// and the request's estimated size.
 type observation struct {
 	site   string
 	local  bool
@@ -168,7 +175,7 @@ type observation struct {
 // trip and its prefill. An answer that did not end whole teaches nothing.
 func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	if !whole {
-		ob.served.End()
+		ob.served.End(g.timeline.NowMs())
 		return
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -181,11 +188,12 @@ func (g *Gateway) observeService(ob *observation, ans *answer, whole bool) {
 	// A whole answer's wait is judged before it teaches the estimates, so
 	// an answer is not compared with itself; a stream's was at its first
 	// byte (judgeStream).
-	if ob.served != nil && !stream {
-		now, total := g.timeline.NowMs(), ms(end.Sub(ob.began))
+	now := g.timeline.NowMs()
+	if !ob.local && !stream {
+		total := ms(end.Sub(ob.began))
 		ob.served.Judge(now, g.service.Waited(ob.site, false, float64(now)-total, total, total, ob.cost))
 	}
-	ob.served.End()
+	ob.served.End(now)
 	if !stream {
 		g.service.Observe(ob.site, ms(end.Sub(ob.began)), ob.room)
 		return

@@ -9,6 +9,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -255,4 +256,57 @@ func TestOperatorOfAnotherSiteIsUnauthorized(t *testing.T) {
 	if ready, why := g.Ready(); ready || !strings.Contains(why, "not been read") {
 		t.Errorf("ready %v: %s", ready, why)
 	}
+}
+
+// TestHopRequestsAreThePeersToCount: the requests this gateway holds at
+// its own site, which its own count routes by, are those it routed, not
+// those a peer gateway routed here over the hop. Counted as its own, a
+// site's peers' requests made it read its site fuller than the others
+// and send nearly all its requests away (6% served at home, against a
+// third for nginx, on real processes).
+func TestHopRequestsAreThePeersToCount(t *testing.T) {
+	arrived, release := make(chan struct{}, 2), make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer upstream.Close()
+	g := benchGateway(t, upstream.URL)
+	defer g.Close()
+	api := g.apiMux()
+	// A request marked so stands for one the hop listener admitted from
+	// west (hopHandler): the API handlers read the peer from its context.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Test-Hop") != "" {
+			r = r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &signals.ServingPeer{Site: "west"}))
+		}
+		api.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	var wg sync.WaitGroup
+	for _, hop := range []bool{false, true} {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"`+sim.DefaultModel+`","max_tokens":1}`))
+			if hop {
+				req.Header.Set("X-Test-Hop", "1")
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	<-arrived
+	<-arrived
+	held := g.service.Served("east", sim.DefaultModel)
+	if n := held.InFlight(); n != 1 {
+		t.Errorf("holding a client's request and a peer's at its site, the gateway counts %v as its own, want 1", n)
+	}
+	close(release)
+	wg.Wait()
+	waitFor(t, "the client's request to end in the count", func() bool { return held.InFlight() == 0 })
 }

@@ -28,21 +28,19 @@ type AgeAware struct {
 
 // AgeAwareOptions tune the age-aware policy.
 type AgeAwareOptions struct {
-	// IgnoreOwnSends reads the board alone (an ablation of the routing
+	// IgnoreOwnSends reads the board alone, without this gateway's sends
+	// since the readings or its own count (an ablation of the routing
 	// harness: internal/routesim's age-aware-no-own).
 	IgnoreOwnSends bool
 	// Uncertain draws each site by its expected distance below the level,
 	// its predicted load read with the spread of what happened since its
 	// readings (siteWater.spread), as the latency policy always does.
 	Uncertain bool
-	// OwnCount sends to the site least loaded by this gateway's own count
-	// of its requests there once it holds ownInformed (water.ownLeast): an
-	// experiment of the routing harness (internal/routesim's
-	// age-aware+own-count), not the default; its design record is in
-	// docs/design/routing-experiments.md. A gateway does not count its
-	// requests at its own site, and reads what it held at a reading when
-	// it first reads it, not when it was taken.
-	OwnCount bool
+	// ShareOnly always draws by share, however many requests this gateway
+	// holds, where the default sends to the least loaded site by its own
+	// count once it holds ownInformed (water.ownLeast): the policy before
+	// the own count, kept as the routing harness's age-aware-by-share.
+	ShareOnly bool
 }
 
 // NewAgeAware returns the age-aware policy, reading ages in pace's units.
@@ -65,7 +63,7 @@ type ageAwarePicker struct {
 	cands     []ageCandidate
 	uncertain bool // AgeAwareOptions.Uncertain
 	// ownLeast: the picks go to the least loaded site by this gateway's
-	// own requests once it holds enough (AgeAwareOptions.OwnCount).
+	// own requests once it holds enough (not AgeAwareOptions.ShareOnly).
 	ownLeast bool
 }
 
@@ -100,7 +98,7 @@ type ageCandidate struct {
 	trust  float64
 	// held is this gateway's requests at the candidate's site, local or
 	// remote (for a remote site, served itself); heldThen how many it held
-	// when the builder first read the candidate's reading.
+	// at the instant of the site's newest reading (Served.heldAt).
 	held     *Served
 	heldThen float64
 }
@@ -121,12 +119,12 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	if d <= 0 {
 		d = DefaultServiceMs
 	}
-	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates)), uncertain: p.opts.Uncertain, ownLeast: p.opts.OwnCount && !p.opts.IgnoreOwnSends}
+	pk := &ageAwarePicker{cands: make([]ageCandidate, len(snap.Candidates)), uncertain: p.opts.Uncertain, ownLeast: !p.opts.ShareOnly && !p.opts.IgnoreOwnSends}
 	// A site's unit is asked of the pace once per build, not once per
 	// provider: SitePace reads both estimates' windows under their locks.
 	units := map[string]float64{}
 	served := map[servedKey]*Served{}
-	var newest map[servedKey]int64 // each site's newest reading of the model (OwnCount)
+	var newest map[servedKey]int64 // each site's newest reading of the model (ownLeast)
 	if pk.ownLeast {
 		newest = map[servedKey]int64{}
 	}
@@ -175,7 +173,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		a.own = cnt
 	}
 	// What each site held at its newest reading, read once all its
-	// candidates' readings are known (OwnCount only).
+	// candidates' readings are known (ownLeast only).
 	for i := range snap.Candidates {
 		c, a := &snap.Candidates[i], &pk.cands[i]
 		if at, ok := newest[servedKey{c.Site, c.Model}]; ok {

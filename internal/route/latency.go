@@ -41,7 +41,9 @@ type Latency struct {
 // NewLatency returns the latency policy, reading ages in pace's units and
 // what it observed of the sites in obs.
 func NewLatency(pace Pace, obs Observed) *Latency {
-	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{}), obs: obs}
+	// Its picks draw by the expected distance below the level, never by
+	// the own count (ShareOnly spares the builder that count's bookkeeping).
+	return &Latency{AgeAware: NewAgeAware(pace, AgeAwareOptions{ShareOnly: true}), obs: obs}
 }
 
 // Name is "latency".

@@ -22,11 +22,11 @@ type world struct {
 	set   Settings
 	// ageAware builds with the age-aware policy, reading ages in meanMs
 	// and siteMs (the world is its Pace); ignoreOwn reads the board alone,
-	// ownCount routes by its own count (AgeAwareOptions.OwnCount).
+	// shareOnly always draws by share (AgeAwareOptions.ShareOnly).
 	// The policy is made at the first such build and kept.
-	ageAware, ignoreOwn, uncertain, ownCount bool
-	meanMs                                   float64
-	siteMs                                   map[string]float64
+	ageAware, ignoreOwn, uncertain, shareOnly bool
+	meanMs                                    float64
+	siteMs                                    map[string]float64
 	// served is the world's observed service of remote sites, by site
 	// (Pace.Served); absent, a site's claims are read as they are.
 	served map[string]*Served
@@ -127,7 +127,7 @@ func (w *world) policy() Policy {
 		return Reference{}
 	}
 	if w.aa == nil {
-		w.aa = NewAgeAware(w, AgeAwareOptions{IgnoreOwnSends: w.ignoreOwn, Uncertain: w.uncertain, OwnCount: w.ownCount})
+		w.aa = NewAgeAware(w, AgeAwareOptions{IgnoreOwnSends: w.ignoreOwn, Uncertain: w.uncertain, ShareOnly: w.shareOnly})
 	}
 	return w.aa
 }
@@ -890,25 +890,25 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 	}
 }
 
-// TestOwnCountDecidesWhenInformed: with AgeAwareOptions.OwnCount, a
-// gateway holding enough of the grid's requests routes by its own count
-// of them, which is exact and current, scaled to the grid by what the
-// readings counted, plus what a reading showed beyond that. In the
-// harness (internal/routesim) it took sites 8/16/32 at load 0.9, four
-// gateways, from 1.09-1.14 mean durations to 1.07 (the oracle's 1.05).
+// TestOwnCountDecidesWhenInformed: a gateway holding enough of the
+// grid's requests routes by its own count of them, which is exact and
+// current, scaled to the grid by what the readings counted, plus what a
+// reading showed beyond that. In the harness (internal/routesim) it took
+// sites 8/16/32 at load 0.9, four gateways, from the draw by share's
+// 1.09-1.14 mean durations to 1.07 (the oracle's 1.05).
 func TestOwnCountDecidesWhenInformed(t *testing.T) {
 	world := func(readA, readB float64, heldA, heldB int) *Snapshot {
 		w := newWorld(t, "a", "b")
-		w.ageAware, w.ownCount, w.meanMs = true, true, 1000
+		w.ageAware, w.meanMs = true, 1000
 		w.served = map[string]*Served{"a": {}, "b": {}}
 		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
 		w.publish("b", 1000, obs{running: 32, queue: f(0)})
 		w.build(1000)
 		for range heldA {
-			w.served["a"].Begin()
+			w.served["a"].Begin(1500)
 		}
 		for range heldB {
-			w.served["b"].Begin()
+			w.served["b"].Begin(1500)
 		}
 		w.publish("a", 2000, obs{running: readA, queue: f(0)})
 		w.publish("b", 2000, obs{running: readB, queue: f(0)})
@@ -1315,7 +1315,7 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	// 24 requests, which the honest sites have room for, go there.
 	fresh, _ := hostileWorld(t, true, 64)
 	for range 12 {
-		fresh.served["hostile"].Begin()
+		fresh.served["hostile"].Begin(1500)
 	}
 	if got := shares(fresh.build(2000), 24)["hostile"]; got > 0 {
 		t.Errorf("a site holding 12 of this gateway's requests on a claimed 8 draws %.2f", got)
@@ -1325,14 +1325,14 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	before := shares(snap, 2000)["hostile"]
 	sv := w.served["hostile"]
 	for range 12 {
-		sv.Begin() // held, never answered
+		sv.Begin(1500) // held, never answered
 	}
 	// Answered at 3500, having waited in the queue from 500 to 3400: the
 	// reading at 2000 was taken during the wait.
 	for range 40 {
-		sv.Begin()
+		sv.Begin(1500)
 		sv.Judge(3500, waitedFrom500)
-		sv.End()
+		sv.End(3500)
 	}
 	if tr := sv.Trust(3500); tr > 0.2 {
 		t.Fatalf("trust after 40 contradicted answers: %.2f", tr)
@@ -1349,20 +1349,20 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	// An answer that waited after the reading was taken does not
 	// contradict it: the queue it met may have formed since.
 	honest := w.served["west"]
-	honest.Begin()
+	honest.Begin(3100)
 	honest.Judge(6000, Wait{FromMs: 3100, ToMs: 5900})
-	honest.End()
+	honest.End(6000)
 	if tr := honest.Trust(6000); tr != 1 {
 		t.Errorf("a wait that began after the reading contradicted it: trust %.2f", tr)
 	}
 	// Answers that agree with the board earn the trust back.
 	for range 12 {
-		sv.End()
+		sv.End(3500)
 	}
 	for range 100 {
-		sv.Begin()
+		sv.Begin(1500)
 		sv.Judge(3500, Wait{})
-		sv.End()
+		sv.End(3500)
 	}
 	if tr := sv.Trust(3500); tr < 0.95 {
 		t.Errorf("trust after 100 agreeing answers: %.2f", tr)
@@ -1389,9 +1389,9 @@ func TestQueueShownIsNoContradiction(t *testing.T) {
 	w.build(2000)
 	sv := w.served["west"]
 	for range 40 {
-		sv.Begin()
+		sv.Begin(1500)
 		sv.Judge(3500, waitedFrom500)
-		sv.End()
+		sv.End(3500)
 	}
 	if tr := sv.Trust(3500); tr != 1 {
 		t.Errorf("a site that showed its queue: trust %.2f", tr)
@@ -1432,9 +1432,9 @@ func TestDistrustFades(t *testing.T) {
 	var sv Served
 	sv.claim(2000, true)
 	for range 60 {
-		sv.Begin()
+		sv.Begin(1500)
 		sv.Judge(3500, waitedFrom500)
-		sv.End()
+		sv.End(3500)
 	}
 	if tr := sv.Trust(3500); tr > 0.1 {
 		t.Fatalf("trust after 60 contradicted answers: %.2f", tr)

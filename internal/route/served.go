@@ -15,9 +15,10 @@ import (
 // what this gateway sees it serve is not the peer's to say.
 //
 // The request path writes it (Begin, Judge, End); the builder records each
-// snapshot's claim (claim), reads the trust once per snapshot and, under
-// AgeAwareOptions.OwnCount, what the site held at its reading (heldAt);
-// the picks read InFlight. Any goroutine may call it.
+// snapshot's claim (claim), reads the trust once per snapshot and what the
+// site held at its reading (heldAt); the picks read InFlight. Any goroutine may call it. A gateway keeps one
+// for its own site too, which only counts: its board is this gateway's
+// operator's, not a peer's word to judge.
 type Served struct {
 	// inFlight is the number of this gateway's requests the site holds:
 	// sent and not yet answered to the end.
@@ -37,25 +38,71 @@ type Served struct {
 	// show that it mended.
 	contradicted float64
 	atMs         int64
-	// readingAt is the instant of the site's newest reading the builder
-	// read, and heldAtReading how many of this gateway's requests the site
-	// held when the builder first read it (mu): the nearest this gateway
-	// knows of what the reading counted of its own.
-	readingAt, heldAtReading int64
+	// held is inFlight's recent history, for what the site held at a
+	// reading's instant (heldAt): entry s%heldSlots holds, for the last
+	// slot s of heldSlotMs on the store timeline in which inFlight
+	// changed, s and inFlight after that slot's last change (packHeld).
+	// Written by Begin and End, lock-free.
+	held [heldSlots]atomic.Uint64
 }
 
-// heldAt returns how many of this gateway's requests the site held
-// when the builder first read its newest reading, at readingAt.
-func (s *Served) heldAt(readingAt int64) float64 {
+// heldSlotMs and heldSlots shape Served.held: a history of 12.8 s in
+// steps of 100 ms. A reading arrives a poll or two after it was taken, a
+// remote one about a second; one older than the history is read against
+// the count nearest it.
+const (
+	heldSlotMs = 100
+	heldSlots  = 128
+)
+
+// packHeld packs a slot (40 bits, one more than the slot, so that the
+// zero word is no slot's) and a count (24 bits) into one word.
+func packHeld(slot, count int64) uint64 {
+	return uint64(slot+1)<<24 | uint64(min(max(count, 0), 1<<24-1))
+}
+
+func unpackHeld(w uint64) (slot, count int64) { return int64(w>>24) - 1, int64(w & (1<<24 - 1)) }
+
+// record writes inFlight into the history at nowMs. A writer whose count
+// another overtook before it stored writes again, so the last word
+// stored in a slot is the count after the slot's last change.
+func (s *Served) record(nowMs int64) {
+	slot := max(nowMs, 0) / heldSlotMs
+	e := &s.held[slot%heldSlots]
+	for {
+		v := s.inFlight.Load()
+		e.Store(packHeld(slot, v))
+		if s.inFlight.Load() == v {
+			return
+		}
+	}
+}
+
+// heldAt returns how many of this gateway's requests the site held at
+// atMs on the store timeline, to the history's 100 ms: the count after
+// the last change at or before atMs. With no change recorded in the
+// history before atMs, it is the count after the first change since
+// (one off at most), or, with none since either, the count now.
+func (s *Served) heldAt(atMs int64) float64 {
 	if s == nil {
 		return 0
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if readingAt != s.readingAt {
-		s.readingAt, s.heldAtReading = readingAt, s.inFlight.Load()
+	at := atMs / heldSlotMs
+back:
+	for j := at; j > at-heldSlots && j >= 0; j-- {
+		switch slot, count := unpackHeld(s.held[j%heldSlots].Load()); {
+		case slot == j:
+			return float64(count)
+		case slot > j:
+			break back // written over by a newer slot: the history ends
+		}
 	}
-	return float64(s.heldAtReading)
+	for j := max(at+1, 0); j <= at+heldSlots; j++ {
+		if slot, count := unpackHeld(s.held[j%heldSlots].Load()); slot == j {
+			return float64(count)
+		}
+	}
+	return float64(s.inFlight.Load())
 }
 
 // boardClaim is what the site's readings of the model said at one instant (ms
@@ -95,10 +142,12 @@ func (s *Served) faded(nowMs int64) float64 {
 // last twenty.
 const answerWeight = 1.0 / 20
 
-// Begin records a request sent to the site.
-func (s *Served) Begin() {
+// Begin records a request sent to the site at nowMs on the store
+// timeline.
+func (s *Served) Begin(nowMs int64) {
 	if s != nil {
 		s.inFlight.Add(1)
+		s.record(nowMs)
 	}
 }
 
@@ -117,10 +166,12 @@ func (s *Served) claim(atMs int64, room bool) {
 	s.next = (s.next + 1) % claimHistory
 }
 
-// End records the end of a request Begin recorded, answered or not.
-func (s *Served) End() {
+// End records the end at nowMs of a request Begin recorded, answered or
+// not.
+func (s *Served) End(nowMs int64) {
 	if s != nil {
 		s.inFlight.Add(-1)
+		s.record(nowMs)
 	}
 }
 

@@ -2,6 +2,7 @@ package route
 
 import (
 	"math/rand/v2"
+	"sync"
 	"testing"
 )
 
@@ -212,14 +213,74 @@ func TestStreamIsJudgedByItsWaitNotItsDecode(t *testing.T) {
 	told.claim(8500, false) // showed the queue
 	told.claim(9500, true)  // room again while the answer decoded
 	for _, sv := range []*Served{&lied, &told} {
-		sv.Begin()
+		sv.Begin(1500)
 		sv.Judge(10_000, w)
-		sv.End()
+		sv.End(3500)
 	}
 	if tr := lied.Trust(10_000); tr == 1 {
 		t.Errorf("a board that said room while the stream waited kept trust %.2f", tr)
 	}
 	if tr := told.Trust(10_000); tr != 1 {
 		t.Errorf("a board that showed the queue, and room after it, lost trust: %.2f", tr)
+	}
+}
+
+// TestServedHeldAtAReadingsInstant: what a site held of this gateway's
+// requests when a reading was taken is read from the count's history at
+// the reading's instant, not at its arrival: a remote reading arrives
+// about a second late, and the requests sent meanwhile are not in it.
+func TestServedHeldAtAReadingsInstant(t *testing.T) {
+	var sv Served
+	for range 3 {
+		sv.Begin(10_000)
+	}
+	for range 5 {
+		sv.Begin(11_000) // after the reading at 10 500, before it arrives
+	}
+	sv.End(11_500)
+	for _, c := range []struct {
+		atMs int64
+		want float64
+	}{
+		{10_000, 3},
+		{10_500, 3}, // the reading's instant
+		{11_050, 8}, // the slot of the sends
+		{11_900, 7}, // after the end
+		{40_000, 7}, // nothing since: the count now
+		{9_000, 3},  // before the history: the first count after
+		{-1_000, 3}, // long before it
+	} {
+		if got := sv.heldAt(c.atMs); got != c.want {
+			t.Errorf("held at %d: %g, want %g", c.atMs, got, c.want)
+		}
+	}
+	// Thirteen seconds of sends later the history of 10 500 is written
+	// over: the nearest count kept stands for it.
+	for ms := int64(12_000); ms <= 25_000; ms += heldSlotMs {
+		sv.Begin(ms)
+		sv.End(ms)
+	}
+	if got := sv.heldAt(10_500); got != 7 && got != 8 {
+		t.Errorf("held at a reading older than the history: %g, want 7 or 8", got)
+	}
+}
+
+// TestServedHistoryKeepsTheLastCount: writers that overtake one another
+// within a slot leave the count after the slot's last change.
+func TestServedHistoryKeepsTheLastCount(t *testing.T) {
+	var sv Served
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				sv.Begin(5_000)
+				sv.End(5_000)
+			}
+			sv.Begin(5_000)
+		})
+	}
+	wg.Wait()
+	if got := sv.heldAt(5_000); got != 8 {
+		t.Errorf("held after 8 writers each left one: %g", got)
 	}
 }

@@ -49,13 +49,13 @@ const (
 	JSQStaleOwn   = "jsq-stale+own"
 	P2CStaleOwn   = "p2c-stale+own"
 	AgeAwareNoOwn = "age-aware-no-own"
-	// AgeAwareOwnCount is the default with route.AgeAwareOptions.OwnCount:
-	// a gateway holding enough requests routes by its own count of them.
-	AgeAwareOwnCount = "age-aware+own-count"
+	// AgeAwareByShare is the default with route.AgeAwareOptions.ShareOnly:
+	// the draw by share decides however many requests a gateway holds.
+	AgeAwareByShare = "age-aware-by-share"
 )
 
 // Policies lists every policy, in table order.
-var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAware, AgeAwareOwnCount, Latency, Oracle}
+var Policies = []string{WeightedRR, WeightedRandom, LeastConn, JSQStale, JSQStaleOwn, P2CStale, P2CStaleOwn, Reference, AgeAwareNoOwn, AgeAwareByShare, AgeAware, Latency, Oracle}
 
 // Phases is when the readings a gateway sees refresh.
 type Phases string
@@ -304,9 +304,9 @@ func Run(cfg Config) Result {
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
 		switch cfg.Policy {
-		case AgeAware, AgeAwareNoOwn, AgeAwareOwnCount:
+		case AgeAware, AgeAwareNoOwn, AgeAwareByShare:
 			// The ablation reads the board alone.
-			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn, OwnCount: cfg.Policy == AgeAwareOwnCount})
+			policy = route.NewAgeAware(g.service, route.AgeAwareOptions{IgnoreOwnSends: cfg.Policy == AgeAwareNoOwn, ShareOnly: cfg.Policy == AgeAwareByShare})
 		case Latency:
 			policy = route.NewLatency(g.service, g.service)
 		}
@@ -484,7 +484,7 @@ func Run(cfg Config) Result {
 			gws[k].own[i]++
 			gws[k].inFlight[i]++
 			if stack {
-				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin()
+				gws[k].service.Served(gws[k].cands[i].Site, "m").Begin(int64(now * unit))
 			}
 			r := request{arrived: now, service: demand * sites[i].slowdown, gw: k, sender: gws[k], cost: cost, load: load}
 			if h := home(k); h >= 0 && i != h {
@@ -547,7 +547,7 @@ func Run(cfg Config) Result {
 				end := now * unit
 				sv := g.service.Served(name, "m")
 				sv.Judge(int64(end), g.service.Waited(name, true, end-wait-served, wait, wait+served, e.req.cost))
-				sv.End()
+				sv.End(int64(end))
 				atSite := wait - e.req.rtt*unit
 				if waited, ok := g.service.Costs().WaitMs(e.req.cost, atSite); ok && e.req.load.OK {
 					g.service.Waits(name).Observe(e.req.load.V, waited)
@@ -688,7 +688,7 @@ func choose(policy string, g *gateway, sites []site, rng *rand.Rand, now float64
 // directly.
 func throughStack(policy string) bool {
 	switch policy {
-	case Reference, AgeAware, AgeAwareNoOwn, AgeAwareOwnCount, Latency:
+	case Reference, AgeAware, AgeAwareNoOwn, AgeAwareByShare, Latency:
 		return true
 	}
 	return false
