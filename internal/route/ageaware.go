@@ -549,7 +549,9 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 	w.fill(pk, s, group[:n], nowMs, true)
 	if pk.ownLeast {
 		if j, ok := w.ownLeast(pk, s, group[:n], turn); ok {
-			return w.draw(pk, s, group[:n], j, turn, nowMs, 1)
+			p := w.draw(pk, s, group[:n], j, turn, nowMs, 1)
+			p.Path = PathOwnCount
+			return p
 		}
 	}
 	level := w.level()
@@ -615,6 +617,9 @@ func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn ui
 	}
 	return best, best >= 0
 }
+
+// PathOwnCount: the age-aware policy's own count decided (ownLeast).
+const PathOwnCount Path = PathLatency + 1
 
 // ownInformed is how many requests a gateway must hold over a model's
 // sites before its own count decides its picks (ownLeast): below it, with

@@ -38,10 +38,11 @@ const (
 )
 
 // The paths of affinity (affinity.go) follow PathAgeAware; those of the
-// latency policy (latency.go) them.
+// latency policy (latency.go) them, and the age-aware own count's
+// (PathOwnCount) theirs.
 
 func (p Path) String() string {
-	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware", "session", "prefix", "stay_local", "latency"}[p]
+	return [...]string{"", "two_choices", "between_two", "lone", "by_capacity", "age_aware", "session", "prefix", "stay_local", "latency", "own_count"}[p]
 }
 
 // Pick is a decision.

@@ -925,8 +925,12 @@ func TestOwnCountDecidesWhenInformed(t *testing.T) {
 	}
 	// The board reads both sites alike; this gateway holds ten requests
 	// at a and none at b: the others' are alike, so b holds fewer.
-	if n := toA(world(8, 8, 10, 0)); n != 0 {
+	informed := world(8, 8, 10, 0)
+	if n := toA(informed); n != 0 {
 		t.Errorf("holding 10 at a and none at b, a took %d of 40", n)
+	}
+	if p := informed.Pick("m", 1, 2100); p.Path != PathOwnCount {
+		t.Errorf("the own count decided, path %q", p.Path)
 	}
 	// Holding five at each, a's reading shows fifteen more than the
 	// gateways' part (3.5 times this one's): a client sends to it

@@ -16,9 +16,10 @@ import (
 //
 // The request path writes it (Begin, Judge, End); the builder records each
 // snapshot's claim (claim), reads the trust once per snapshot and what the
-// site held at its reading (heldAt); the picks read InFlight. Any goroutine may call it. A gateway keeps one
-// for its own site too, which only counts: its board is this gateway's
-// operator's, not a peer's word to judge.
+// site held at its reading (heldAt); the picks read InFlight. Any
+// goroutine may call it. A gateway keeps one for its own site too, which
+// only counts: its board is this gateway's operator's, not a peer's word
+// to judge.
 type Served struct {
 	// inFlight is the number of this gateway's requests the site holds:
 	// sent and not yet answered to the end.
