@@ -897,9 +897,10 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 // sites 8/16/32 at load 0.9, four gateways, from the draw by share's
 // 1.09-1.14 mean durations to 1.07 (the oracle's 1.05).
 func TestOwnCountDecidesWhenInformed(t *testing.T) {
+	shareOnly := false
 	world := func(readA, readB float64, heldA, heldB int) *Snapshot {
 		w := newWorld(t, "a", "b")
-		w.ageAware, w.meanMs = true, 1000
+		w.ageAware, w.shareOnly, w.meanMs = true, shareOnly, 1000
 		w.served = map[string]*Served{"a": {}, "b": {}}
 		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
 		w.publish("b", 1000, obs{running: 32, queue: f(0)})
@@ -942,6 +943,12 @@ func TestOwnCountDecidesWhenInformed(t *testing.T) {
 	// both sites, alike on the board, are drawn.
 	if n := toA(world(8, 8, 4, 0)); n == 0 || n == 40 {
 		t.Errorf("holding four requests, a took %d of 40: want the draw by share", n)
+	}
+	// With ShareOnly, the policy before the own count, ten held decide
+	// nothing either.
+	shareOnly = true
+	if n := toA(world(8, 8, 10, 0)); n == 0 || n == 40 {
+		t.Errorf("drawing by share only, holding 10 at a, a took %d of 40", n)
 	}
 }
 
