@@ -33,34 +33,36 @@ type Pace interface {
 // dropped with the topology (Retain). Any goroutine may call it.
 type Service struct {
 	all ServiceTime
-	// sites maps a site's name to its *ServiceTime: a sync.Map, so
-	// delivered requests take no gateway-wide lock; the set of sites is
-	// written once per site and read per request.
-	sites sync.Map
-	// served maps a remote site and model (servedKey) to its *Served,
-	// made on its first request, dropped with the topology (Retain).
-	served sync.Map
-	// roundTrips maps a peer site to its *RoundTrip and waits a site to
-	// its *WaitCurve, each made on first use and dropped with the
-	// topology (Retain); costs is what a request's size costs. The
-	// latency policy's Observed.
-	roundTrips, waits sync.Map
-	costs             CostModel
+	// sites maps a site's name to its estimate: a table, so delivered
+	// requests take no gateway-wide lock and allocate nothing; the set of
+	// sites is written once per site and read per request.
+	sites table[string, ServiceTime]
+	// served maps a site and model to what this gateway observed of
+	// them, made on its first request, dropped with the topology
+	// (Retain).
+	served table[servedKey, Served]
+	// roundTrips maps a peer site to its round trip and waits a site to
+	// its waits, each made on first use and dropped with the topology
+	// (Retain); costs is what a request's size costs. The latency
+	// policy's Observed.
+	roundTrips table[string, RoundTrip]
+	waits      table[string, WaitCurve]
+	costs      CostModel
 }
 
 // RoundTrip is the round trip to site's gateway, made on first use: the
 // gateway's probes of its peers write it.
 func (s *Service) RoundTrip(site string) *RoundTrip {
-	return madeOnFirstUse[RoundTrip](&s.roundTrips, site)
+	return s.roundTrips.get(site)
 }
 
 // RoundTripMs is the round trip to site's gateway, when measured.
 func (s *Service) RoundTripMs(site string) (float64, bool) {
-	v, ok := s.roundTrips.Load(site)
+	v, ok := s.roundTrips.lookup(site)
 	if !ok {
 		return 0, false
 	}
-	return v.(*RoundTrip).Ms()
+	return v.Ms()
 }
 
 // AtSiteMs is how long a stream from site was at the site before its
@@ -74,7 +76,7 @@ func (s *Service) AtSiteMs(site string, firstTokenMs float64) float64 {
 }
 
 // Waits is the waits observed at site, made on first use.
-func (s *Service) Waits(site string) *WaitCurve { return madeOnFirstUse[WaitCurve](&s.waits, site) }
+func (s *Service) Waits(site string) *WaitCurve { return s.waits.get(site) }
 
 // Costs is what a request's size costs in time, learned from streams.
 func (s *Service) Costs() *CostModel { return &s.costs }
@@ -84,7 +86,7 @@ type servedKey struct{ site, model string }
 
 // Served is site's observed service of model, made on first use.
 func (s *Service) Served(site, model string) *Served {
-	return madeOnFirstUse[Served](&s.served, servedKey{site, model})
+	return s.served.get(servedKey{site, model})
 }
 
 // Waited is when an answer from site, sent at sentMs on the store
@@ -164,43 +166,23 @@ func (s *Service) MeanMs() float64 { return s.all.MeanMs() }
 
 // SiteMs is site's own pace when it can be told apart (SitePace).
 func (s *Service) SiteMs(site string) (float64, bool) {
-	st, ok := s.sites.Load(site)
+	st, ok := s.sites.lookup(site)
 	if !ok {
 		return 0, false
 	}
-	return SitePace(&s.all, st.(*ServiceTime))
+	return SitePace(&s.all, st)
 }
 
 // Retain drops the estimates of sites live does not keep.
 func (s *Service) Retain(live func(site string) bool) {
-	s.served.Range(func(k, _ any) bool {
-		if !live(k.(servedKey).site) {
-			s.served.Delete(k)
-		}
-		return true
-	})
-	for _, m := range []*sync.Map{&s.sites, &s.roundTrips, &s.waits} {
-		m.Range(func(k, _ any) bool {
-			if !live(k.(string)) {
-				m.Delete(k)
-			}
-			return true
-		})
-	}
+	s.served.retain(func(k servedKey) bool { return live(k.site) })
+	s.sites.retain(live)
+	s.roundTrips.retain(live)
+	s.waits.retain(live)
 }
 
 // site is site's estimate, made on first use.
-func (s *Service) site(site string) *ServiceTime { return madeOnFirstUse[ServiceTime](&s.sites, site) }
-
-// madeOnFirstUse is m's *T at k, a new zero T stored there first if there
-// is none. The Load first spares the allocation once it is made.
-func madeOnFirstUse[T any](m *sync.Map, k any) *T {
-	if v, ok := m.Load(k); ok {
-		return v.(*T)
-	}
-	v, _ := m.LoadOrStore(k, new(T))
-	return v.(*T)
-}
+func (s *Service) site(site string) *ServiceTime { return s.sites.get(site) }
 
 // ServiceTime estimates the mean duration of a request served without
 // waiting: the unit in which the age-aware policy reads a reading's age

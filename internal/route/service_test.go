@@ -284,3 +284,68 @@ func TestServedHistoryKeepsTheLastCount(t *testing.T) {
 		t.Errorf("held after 8 writers each left one: %g", got)
 	}
 }
+
+// TestServiceOnTheRequestPathAllocatesNothing: what the proxy asks of the
+// observed service for each request (a site's count and its waits, its
+// round trip and pace, what the answer taught) allocates nothing once the
+// site is known, and a site the topology drops is forgotten while the
+// others keep what they learned, each under the same pointer.
+func TestServiceOnTheRequestPathAllocatesNothing(t *testing.T) {
+	var s Service
+	held := s.Served("west", "m")
+	s.RoundTrip("west").Observe(30)
+	s.Observe("west", 900, true)
+	s.Waits("east")
+	var now int64
+	if n := testing.AllocsPerRun(1000, func() {
+		now += 10
+		sv := s.Served("west", "m")
+		sv.Begin(now)
+		s.Waits("west")
+		s.RoundTripMs("west")
+		s.SiteMs("west")
+		s.AtSiteMs("west", 500)
+		sv.Judge(now, s.Waited("west", true, float64(now)-500, 500, 500, Cost{}))
+		s.Waits("west").Observe(0.5, 20)
+		s.Costs().Observe(Cost{}, 470, 600, true)
+		s.Observe("west", 900, true)
+		s.ObserveStream("west", 300, 600)
+		sv.End(now)
+	}); n != 0 {
+		t.Errorf("the request path's service calls: %v allocations, want 0", n)
+	}
+	s.Retain(func(site string) bool { return site == "west" })
+	if _, ok := s.waits.lookup("east"); ok {
+		t.Error("east's waits kept after the topology dropped east")
+	}
+	if s.Served("west", "m") != held {
+		t.Error("west's count made anew by a Retain that keeps west: its requests in flight are lost")
+	}
+	if _, ok := s.RoundTripMs("west"); !ok {
+		t.Error("west's round trip forgotten by a Retain that keeps west")
+	}
+}
+
+// TestTableMakesOneValuePerKey: goroutines that ask for the same keys at
+// once all get the one value each key was made with.
+func TestTableMakesOneValuePerKey(t *testing.T) {
+	var tb table[int, int]
+	const keys, workers = 64, 8
+	got := make([][keys]*int, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for k := range keys {
+				got[w][(k+w)%keys] = tb.get((k + w) % keys)
+			}
+		})
+	}
+	wg.Wait()
+	for k := range keys {
+		for w := 1; w < workers; w++ {
+			if got[w][k] != got[0][k] {
+				t.Fatalf("key %d: worker %d got another value than worker 0", k, w)
+			}
+		}
+	}
+}
