@@ -618,18 +618,25 @@ func TestTerminalEventSeesDoneAcrossReads(t *testing.T) {
 		{"data: a\n\ndata: [DO", true},
 		{strings.Repeat("data: x\n\n", 40), true},
 	} {
-		var got []streamEnd
+		var ends endsSeen
 		b := &watchedBody{ReadCloser: io.NopCloser(iotest.OneByteReader(strings.NewReader(tc.body))), ctx: context.Background(),
-			failed: func(error) {}, firstByte: func() {}, sse: true, ended: func(e streamEnd) { got = append(got, e) }}
+			watch: &ends, sse: true}
 		out, err := io.ReadAll(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ended := len(got) == 1; ended != tc.ended || (ended && !strings.HasSuffix(string(out), string(streamEndedEarly.event(false)))) {
-			t.Errorf("%.40q…: ended %v (%v), want %v; tail %q", tc.body, ended, got, tc.ended, out[max(0, len(out)-120):])
+		if ended := len(ends) == 1; ended != tc.ended || (ended && !strings.HasSuffix(string(out), string(streamEndedEarly.event(false)))) {
+			t.Errorf("%.40q…: ended %v (%v), want %v; tail %q", tc.body, ended, ends, tc.ended, out[max(0, len(out)-120):])
 		}
 	}
 }
+
+// endsSeen is a bodyWatcher that keeps the early ends it is told of.
+type endsSeen []streamEnd
+
+func (e *endsSeen) firstByte()          {}
+func (e *endsSeen) failed(error)        {}
+func (e *endsSeen) ended(end streamEnd) { *e = append(*e, end) }
 
 // TestBodyBudgetHeldUntilTheUpstreamLetsGo: a detached stream's handler
 // returns while the upstream has not read its request body yet (it

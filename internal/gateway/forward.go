@@ -347,22 +347,10 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			g.bind(x.sess, x.attempt, affinity.Binding{Site: c.Site, Provider: ans.provider})
 			// A stream the upstream cuts is a failure of the upstream, seen
 			// only while the body is copied; its first byte is the time to
-			// first token the dashboard shows. A detached stream keeps
-			// this body as long as it runs, and with it what the hooks
-			// capture: never x, whose writer and request hold the server
-			// connection's buffers (TestDetachedStreamLetsGoOfItsHandler).
-			cost := x.cost
+			// first token the dashboard shows (upstreamWatch).
 			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
-				failed: func(err error) { g.upstreamFailed(c, upstreamStream, err, began) },
-				firstByte: func() {
-					ans.firstByte = g.clk.Now()
-					g.hist.firstByte(c.Site, ans.firstByte.Sub(began))
-					if ans.stream && ans.served != nil {
-						g.judgeStream(c.Site, ans.served, ans.firstByte.Sub(began), cost)
-					}
-				},
-				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK,
-				ended: func(e streamEnd) { g.m.streamsEndedEarly.WithLabelValues(c.Site, string(e)).Inc() }}
+				watch: &upstreamWatch{g: g, c: c, began: began, ans: ans, cost: x.cost},
+				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK}
 			if via != nil && ans.stream && detachable(resp) {
 				if s := detach(tw, resp, g.streams, via, outCtx, cancelOut); s != nil {
 					stopWatch()
@@ -477,6 +465,43 @@ func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err e
 	g.health.answered(c, http.StatusBadGateway, began)
 }
 
+// bodyWatcher is told what a watchedBody sees of an upstream's answer.
+type bodyWatcher interface {
+	firstByte()        // the answer's first byte was read
+	failed(err error)  // the first error reading it, other than its end or the client's leaving
+	ended(e streamEnd) // an event stream ended early, by reason
+}
+
+// upstreamWatch is what an attempt's answer tells the gateway as it is
+// copied: its first byte to the dashboard and, for a remote site's
+// stream, to the judgement of the site's claims; a failure to passive
+// health; a stream's early end to its counter. It holds what the hooks
+// need and never the exchange, whose writer and request hold the server
+// connection's buffers, since a detached stream keeps its body as long
+// as it runs (TestDetachedStreamLetsGoOfItsHandler). One value, not three
+// closures: an allocation per request, not four.
+type upstreamWatch struct {
+	g     *Gateway
+	c     *route.Candidate
+	began time.Time
+	ans   *answer
+	cost  route.Cost
+}
+
+func (u *upstreamWatch) firstByte() {
+	u.ans.firstByte = u.g.clk.Now()
+	u.g.hist.firstByte(u.c.Site, u.ans.firstByte.Sub(u.began))
+	if u.ans.stream && u.ans.served != nil {
+		u.g.judgeStream(u.c.Site, u.ans.served, u.ans.firstByte.Sub(u.began), u.cost)
+	}
+}
+
+func (u *upstreamWatch) failed(err error) { u.g.upstreamFailed(u.c, upstreamStream, err, u.began) }
+
+func (u *upstreamWatch) ended(e streamEnd) {
+	u.g.m.streamsEndedEarly.WithLabelValues(u.c.Site, string(e)).Inc()
+}
+
 // watchedBody reports the first error reading an upstream's answer, other
 // than its end or the client's leaving. For an event stream the client
 // asked for (sse), it also makes sure the client can tell a cut answer
@@ -487,15 +512,12 @@ func (g *Gateway) upstreamFailed(c *route.Candidate, kind upstreamFailure, err e
 // detached stream's).
 type watchedBody struct {
 	io.ReadCloser
-	ctx       context.Context
-	failed    func(error)
-	firstByte func()
-	once      sync.Once
-	read      bool // a byte was read
+	ctx   context.Context
+	watch bodyWatcher
+	once  sync.Once
+	read  bool // a byte was read
 
 	sse bool
-	// ended counts a stream that ended early, by reason.
-	ended func(streamEnd)
 	// tail holds the stream's last bytes, to see its [DONE].
 	tail [32]byte
 	tn   int
@@ -512,10 +534,10 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 && !b.read {
 		b.read = true
-		b.firstByte()
+		b.watch.firstByte()
 	}
 	if err != nil && err != io.EOF && b.ctx.Err() == nil {
-		b.once.Do(func() { b.failed(err) })
+		b.once.Do(func() { b.watch.failed(err) })
 	}
 	if !b.sse {
 		return n, err
@@ -532,7 +554,7 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		reason = streamEndedEarly
 	}
-	b.ended(reason)
+	b.watch.ended(reason)
 	b.rest = reason.event(!b.endsEvent())
 	return b.giveRest(p, n)
 }
@@ -546,7 +568,7 @@ func (b *watchedBody) interrupt(reason streamEnd) []byte {
 		return nil
 	}
 	b.done = true
-	b.ended(reason)
+	b.watch.ended(reason)
 	return reason.event(!b.endsEvent())
 }
 
@@ -665,6 +687,9 @@ func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter 
 // it.
 type copyBuffer struct {
 	ans *answer
+	// got is the pool's slice Get handed out, put back as it is by Put:
+	// putting back a pointer to Put's own argument would allocate one.
+	got *[]byte
 }
 
 // Buffer sizes; both pooled.
@@ -680,15 +705,22 @@ var (
 
 func (c *copyBuffer) Get() []byte {
 	if c.ans.stream {
-		return *streamBuffers.Get().(*[]byte)
+		c.got = streamBuffers.Get().(*[]byte)
+	} else {
+		c.got = bulkBuffers.Get().(*[]byte)
 	}
-	return *bulkBuffers.Get().(*[]byte)
+	return *c.got
 }
 
 func (c *copyBuffer) Put(b []byte) {
+	got := c.got
+	c.got = nil
+	if got == nil || len(*got) != len(b) {
+		return // not the one Get gave: left to the collector
+	}
 	if len(b) == streamBufferSize {
-		streamBuffers.Put(&b)
+		streamBuffers.Put(got)
 	} else {
-		bulkBuffers.Put(&b)
+		bulkBuffers.Put(got)
 	}
 }

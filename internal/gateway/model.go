@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"unicode/utf8"
 
 	"github.com/grid-inference/grid/internal/route"
 )
@@ -87,9 +88,11 @@ func parseRequest(body []byte) (head requestHead, err error) {
 			}
 			found = true
 			if body[i] == '"' {
-				if err := json.Unmarshal(body[i:valueEnd], &head.model); err != nil {
+				model, err := jsonString(body[i:valueEnd])
+				if err != nil {
 					return requestHead{}, errInvalidJSON
 				}
+				head.model = model
 			}
 		case head.prompt == nil && (string(key) == `"messages"` || string(key) == `"prompt"` || string(key) == `"input"`):
 			head.prompt = promptHead(body[i:valueEnd])
@@ -217,4 +220,19 @@ func valueEnd(b []byte, i int) int {
 		}
 	}
 	return len(b)
+}
+
+// jsonString decodes a JSON string token, quotes included, as
+// encoding/json does. A plain one (no escape, valid UTF-8: every model
+// name in practice) is its bytes between the quotes, without the decoder
+// a json.Unmarshal call costs on every request.
+func jsonString(tok []byte) (string, error) {
+	if len(tok) >= 2 {
+		if v := tok[1 : len(tok)-1]; bytes.IndexByte(v, '\\') < 0 && utf8.Valid(v) {
+			return string(v), nil
+		}
+	}
+	var s string
+	err := json.Unmarshal(tok, &s)
+	return s, err
 }

@@ -278,3 +278,24 @@ func TestRequestCost(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONStringDecodesAsEncodingJSON: the plain path and the decoder
+// agree on every kind of string token a model name may come as.
+func TestJSONStringDecodesAsEncodingJSON(t *testing.T) {
+	for _, tok := range []string{
+		`"llama-3.1-8b"`, `""`, `"Qwen/Qwen2.5-7B"`, `"mod\u0065l"`, `"a\"b"`, `"a\\b"`,
+		`"caf` + "\xc3\xa9" + `"`, // UTF-8: plain
+		`"bad` + "\xff" + `"`,     // not UTF-8: encoding/json reads U+FFFD
+	} {
+		got, err := jsonString([]byte(tok))
+		var want string
+		wantErr := json.Unmarshal([]byte(tok), &want)
+		if got != want || (err == nil) != (wantErr == nil) {
+			t.Errorf("jsonString(%s) = %q, %v; encoding/json: %q, %v", tok, got, err, want, wantErr)
+		}
+	}
+	name := []byte(`"llama-3.1-8b"`)
+	if n := testing.AllocsPerRun(100, func() { jsonString(name) }); n > 1 {
+		t.Errorf("a plain model name costs %v allocations, want at most its string's", n)
+	}
+}

@@ -482,13 +482,12 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 		}
 		n, err := in.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		var tooBig *http.MaxBytesError
 		switch {
 		case err == nil:
 			continue
 		case err == io.EOF:
 			return buf, reserved, nil
-		case errors.As(err, &tooBig):
+		case tooBig(err):
 			return nil, reserved, &errTooLarge
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			w.Header().Set("Connection", "close")
@@ -496,6 +495,14 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 		}
 		return nil, reserved, &errBadBody
 	}
+}
+
+// tooBig: err says a body went past http.MaxBytesReader's limit. A
+// function of its own, so the target errors.As needs is made only for a
+// failed read, not for every request.
+func tooBig(err error) bool {
+	var e *http.MaxBytesError
+	return errors.As(err, &e)
 }
 
 // A body's first buffer, and what every request may hold outside the body

@@ -30,14 +30,14 @@ const (
 type upstreams struct {
 	id     *identity.Source
 	limits config.Upstream
-	local  localTransport
+	local  *localTransport
 	hop    *hopWatch
 	mu     sync.Mutex
 	remote map[string]*http.Transport
 }
 
 func newUpstreams(id *identity.Source, limits config.Upstream, log *slog.Logger) *upstreams {
-	return &upstreams{id: id, limits: limits, local: localTransport{plain: newLocalTransport(limits), tls: newTransport(limits)}, hop: newHopWatch(log), remote: map[string]*http.Transport{}}
+	return &upstreams{id: id, limits: limits, local: &localTransport{plain: newLocalTransport(limits), tls: newTransport(limits)}, hop: newHopWatch(log), remote: map[string]*http.Transport{}}
 }
 
 // newTransport is a pool bounded by limits: connecting (TLS included) by
