@@ -22,8 +22,9 @@ type Pace interface {
 	MeanMs() float64
 	// SiteMs is site's own mean duration, when it can be told apart.
 	SiteMs(site string) (ms float64, ok bool)
-	// Served is what this gateway observed of a remote site's service of
-	// model (nil: nothing, and its claims are read as they are).
+	// Served is what this gateway observed of site's service of model:
+	// its own requests there and, for a remote site, how its answers bore
+	// out its claims (nil: nothing, and its claims are read as they are).
 	Served(site, model string) *Served
 }
 
@@ -81,7 +82,7 @@ func (s *Service) Waits(site string) *WaitCurve { return s.waits.get(site) }
 // Costs is what a request's size costs in time, learned from streams.
 func (s *Service) Costs() *CostModel { return &s.costs }
 
-// servedKey names one remote site's service of one model.
+// servedKey names one site's service of one model.
 type servedKey struct{ site, model string }
 
 // Served is site's observed service of model, made on first use.
