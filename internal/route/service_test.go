@@ -314,6 +314,9 @@ func TestServiceOnTheRequestPathAllocatesNothing(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("the request path's service calls: %v allocations, want 0", n)
 	}
+	if n := testing.AllocsPerRun(100, func() { s.Retain(func(string) bool { return true }) }); n != 0 {
+		t.Errorf("a Retain that drops nothing: %v allocations, want 0 (it runs on every snapshot build)", n)
+	}
 	s.Retain(func(site string) bool { return site == "west" })
 	if _, ok := s.waits.lookup("east"); ok {
 		t.Error("east's waits kept after the topology dropped east")

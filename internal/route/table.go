@@ -43,10 +43,25 @@ func (t *table[K, V]) get(k K) *V {
 	return v
 }
 
-// retain drops the keys keep does not keep.
+// retain drops the keys keep does not keep. It is called on every
+// snapshot build, and copies the map only when a key goes.
 func (t *table[K, V]) retain(keep func(K) bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	p := t.m.Load()
+	if p == nil {
+		return
+	}
+	drop := false
+	for k := range *p {
+		if !keep(k) {
+			drop = true
+			break
+		}
+	}
+	if !drop {
+		return
+	}
 	t.swap(func(m map[K]*V) {
 		for k := range m {
 			if !keep(k) {
