@@ -162,6 +162,11 @@ type Availability struct {
 	// request sizes included) or "reference" (the reference system's
 	// selection, exactly).
 	Policy string `yaml:"policy"`
+	// HoldWhenFull is how long a client's request may wait at the gateway
+	// while every site of its model is full by the gateway's own count,
+	// for the first site to have room (docs/gateway.md); 0 sends it at
+	// once, to wait in a site's queue.
+	HoldWhenFull Duration `yaml:"holdWhenFull"`
 }
 
 // Selection policies.

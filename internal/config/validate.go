@@ -269,6 +269,9 @@ func (c *Gateway) validate(doc *document) error {
 		p.addf("availability.room_after_ms", "must not be negative, got %d", *a.RoomAfterMs)
 	}
 	inRange("availability.queue_full", *a.QueueFull, 0, math.MaxFloat64)
+	if a.HoldWhenFull < 0 {
+		p.addf("availability.holdWhenFull", "must not be negative, got %s", a.HoldWhenFull.D())
+	}
 	if a.Policy != PolicyAgeAware && a.Policy != PolicyReference && a.Policy != PolicyLatency {
 		p.addf("availability.policy", "%q is not age-aware, latency or reference", a.Policy)
 	}

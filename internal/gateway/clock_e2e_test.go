@@ -29,7 +29,7 @@ func metric(h http.Handler, family string, labels ...string) float64 {
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	sum := 0.0
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
-		if !strings.HasPrefix(line, family+"{") {
+		if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
 			continue
 		}
 		all := true

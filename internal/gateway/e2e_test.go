@@ -89,6 +89,8 @@ type gridSpec struct {
 	// metrics come from a second sim of that many slots that nothing is
 	// sent to, idle whatever the serving sim holds.
 	claimsIdle map[string]int
+	// hold, where set, is the gateways' availability.holdWhenFull.
+	hold string
 }
 
 // startGrid runs two sites, east and west, that peer with each other.
@@ -194,8 +196,12 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 		if poll == "" {
 			poll = "1s"
 		}
-		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\npollInterval: %s\navailability: {shedding: %v, full_after_ms: 500, room_after_ms: 500, ceiling_floor: %g, smoothing: %g, policy: %s}\n",
-			n, tlsBlock(n), s.client, s.hop, s.met, s.signals, poll, spec.shedding, floor, smoothing, policy)
+		hold := spec.hold
+		if hold == "" {
+			hold = "0s"
+		}
+		gwYAML := fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\noperator: {signals: 'https://%s'}\npollInterval: %s\navailability: {shedding: %v, full_after_ms: 500, room_after_ms: 500, ceiling_floor: %g, smoothing: %g, policy: %s, holdWhenFull: %s}\n",
+			n, tlsBlock(n), s.client, s.hop, s.met, s.signals, poll, spec.shedding, floor, smoothing, policy, hold)
 		gwCfg, err := config.ParseGateway(n+"-gw.yaml", []byte(gwYAML))
 		if err != nil {
 			t.Fatal(err)

@@ -65,6 +65,7 @@ tries:
 			ans.served = sv
 		}
 		sv.Begin(g.timeline.NowMs())
+		x.unhold() // counted: the next in its line may look
 		x.attempt = pick
 		ob := observation{site: c.Site, local: c.Local, served: sv, began: began, room: pick.Room, load: pick.Load, cost: x.cost}
 		switch x.forward(c, began, &ans) {

@@ -89,6 +89,8 @@ type Gateway struct {
 	// streams are the SSE answers copied off the server's goroutines
 	// (detach.go).
 	streams *streamSet
+	// holds are the requests held while the grid is full (hold.go).
+	holds holdRoom
 	// stopping is done, with cause errShutdown, once a drain ran out of
 	// time (InterruptStreams): the streams the servers copy themselves end
 	// with the terminal event. interrupt ends it; any goroutine.

@@ -38,6 +38,8 @@ type metrics struct {
 	hopRefused        *prometheus.CounterVec
 	readingAge        *prometheus.HistogramVec
 	bodyBudgetRefused prometheus.Counter
+	held              prometheus.Gauge
+	holds             *prometheus.CounterVec
 	requestTokens     *prometheus.HistogramVec
 	affinity          *prometheus.CounterVec
 	prefixAffinity    *prometheus.CounterVec
@@ -71,6 +73,10 @@ func newMetrics() *metrics {
 		requestTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_request_tokens",
 			Help:    "Requests' estimated size in tokens, by part: prompt (token IDs counted, text by its bytes over four) and max_output (the request's own limit, when it sets one).",
 			Buckets: prometheus.ExponentialBuckets(16, 2, 14)}, []string{"part"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "grid_gateway_requests_held",
+			Help: "Client requests held while every site of their model is full (availability.holdWhenFull)."}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "grid_gateway_holds_total",
+			Help: "Client requests held while every site of their model was full, by how the hold ended: room (a site had room), timeout (held for availability.holdWhenFull, then sent), gone (the client went away), draining."}, []string{"end"}),
 		bodyBudgetRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "grid_gateway_body_budget_refused_total",
 			Help: "Requests refused (503 body_budget) because the request bodies held in memory reached limits.bodyBytes."}),
 		readingAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grid_gateway_reading_age_seconds",
@@ -122,7 +128,7 @@ func newMetrics() *metrics {
 		Help: "Share of its claimed capacity a remote site's board is read at for a model: 1 while its answers agree with it, down to 0.05 as they contradict it (docs/routing.md, earned capacity). 1 under the reference policy, which does not earn."}, []string{"site", "model"})
 	m.reg.MustRegister(m.affinity, m.prefixAffinity, m.trust)
 	m.reg.MustRegister(m.decisions, m.selections, m.rho, m.weight, m.ceiling, m.score, m.shedding, m.polls,
-		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.requestTokens, m.readingAge,
+		m.lastSuccess, m.responseBytes, m.dropped, m.reloads, m.duration, m.retries, m.feedbackFailures, m.connsShed, m.ejections, m.upstreamErrors, m.streamsEndedEarly, m.hopRefused, m.bodyBudgetRefused, m.held, m.holds, m.requestTokens, m.readingAge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

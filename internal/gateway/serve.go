@@ -309,6 +309,9 @@ type exchange struct {
 	attempt route.Pick
 	// cost is the request's estimated size (cost.go).
 	cost route.Cost
+	// holder is the request's place in its model's hold line until its
+	// first attempt has begun (hold.go); nil when it was not held.
+	holder *holder
 }
 
 // serveAPI answers one OpenAI API request: read the body, find the model,
@@ -395,6 +398,13 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		refusal.write(w, x.turn)
 		return
 	}
+	holder, gone := x.hold(r.Context())
+	if gone {
+		outcome = "client_gone"
+		return
+	}
+	x.holder = holder
+	defer x.unhold()
 	x.snap = g.view(x.peer)
 	pick, sess := x.pick(head.prompt)
 	x.sess = sess

@@ -575,6 +575,35 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 // board alone would have them do. With few requests of its own a
 // gateway's count says little, and the draw by share decides.
 func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn uint64) (int, bool) {
+	held, ok := w.ownHeld(pk, s, group)
+	if !ok {
+		return 0, false
+	}
+	best, least, ties := -1, math.Inf(1), 0
+	for j := range w.sites[:w.n] {
+		if !w.sites[j].used {
+			continue
+		}
+		switch v := held[j] / w.sites[j].capacity; {
+		case v < least:
+			best, least, ties = j, v, 1
+		case v == least:
+			// Ties drawn evenly: the n-th of them replaces the pick
+			// with probability 1/n.
+			ties++
+			if unit(turn, salt0+uint64(ties)) < 1/float64(ties) {
+				best = j
+			}
+		}
+	}
+	return best, best >= 0
+}
+
+// ownHeld is what each site holds of the model by this gateway's own
+// count (ownLeast), in requests: k × own + max(read − k × then, 0). ok is
+// false while the gateway holds fewer than ownInformed requests over the
+// group's sites, when its count says too little.
+func (w *water) ownHeld(pk *ageAwarePicker, s *Snapshot, group []int32) (held [MaxSites]float64, ok bool) {
 	var own, then, read [MaxSites]float64
 	var counted [MaxSites]bool
 	var sumOwn, sumThen, sumRead float64
@@ -591,31 +620,46 @@ func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn ui
 		}
 	}
 	if sumOwn < ownInformed {
-		return 0, false
+		return held, false
 	}
 	k := 1.0
 	if sumThen > 0 {
 		k = max(sumRead/sumThen, 1)
 	}
-	best, least, ties := -1, math.Inf(1), 0
 	for j := range w.sites[:w.n] {
-		sw := &w.sites[j]
-		if !sw.used {
-			continue
-		}
-		switch v := (k*own[j] + max(read[j]-k*then[j], 0)) / sw.capacity; {
-		case v < least:
-			best, least, ties = j, v, 1
-		case v == least:
-			// Ties drawn evenly: the n-th of them replaces the pick
-			// with probability 1/n.
-			ties++
-			if unit(turn, salt0+uint64(ties)) < 1/float64(ties) {
-				best = j
-			}
+		if w.sites[j].used {
+			held[j] = k*own[j] + max(read[j]-k*then[j], 0)
 		}
 	}
-	return best, best >= 0
+	return held, true
+}
+
+// full reports whether every site of the model is full by this
+// gateway's own count: one more request would wait in each one's queue.
+// It is false while the count says too little (ownHeld), and when the
+// policy reads no candidate: the gateway then does not know the grid is
+// full, and sends. It counts nothing.
+func (pk *ageAwarePicker) full(s *Snapshot, healthy []int32, nowMs int64) bool {
+	if !pk.ownLeast {
+		return false
+	}
+	var group [MaxSites]int32
+	n := pk.interpreted(healthy, &group)
+	if n == 0 {
+		return false
+	}
+	var w water
+	w.fill(pk, s, group[:n], nowMs, true)
+	held, ok := w.ownHeld(pk, s, group[:n])
+	if !ok {
+		return false
+	}
+	for j := range w.sites[:w.n] {
+		if sw := &w.sites[j]; sw.used && held[j]+1 <= sw.capacity+levelSlack {
+			return false
+		}
+	}
+	return true
 }
 
 // PathOwnCount: the age-aware policy's own count decided (ownLeast).

@@ -142,3 +142,29 @@ func (s *Snapshot) weighted(list []int32, skip int, u float64, w func(i int32) f
 func weyl(turn uint64) float64 {
 	return float64(turn*0x9E3779B97F4A7C15>>11) / (1 << 53)
 }
+
+// fullness is a picker that can tell, without drawing, that every site of
+// a model is full (the age-aware policy, by its own count).
+type fullness interface {
+	full(s *Snapshot, healthy []int32, nowMs int64) bool
+}
+
+// Full reports whether, at nowMs, every healthy site serving model is
+// full as the snapshot's policy reads it: a request picked now would wait
+// in a site's queue, whichever. A gateway that holds requests while the
+// grid is full (availability.holdWhenFull) asks it before a pick, and
+// again while it holds the request. It is false when the policy cannot tell
+// (the reference; the age-aware policy holding too few requests to
+// count), and for a model the pick would refuse or fall back for. It
+// counts nothing and allocates nothing.
+func (s *Snapshot) Full(model string, nowMs int64) bool {
+	if s.Shedding[model] {
+		return false
+	}
+	m, ok := s.byModel[model]
+	if !ok || len(m.healthy) == 0 {
+		return false
+	}
+	f, ok := s.draws().(fullness)
+	return ok && f.full(s, m.healthy, nowMs)
+}

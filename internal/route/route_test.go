@@ -1517,3 +1517,71 @@ func TestColdStartDrawsOnSitesNotYetRead(t *testing.T) {
 		}
 	}
 }
+
+// TestFullByTheOwnCount: Snapshot.Full says every site is full when, by
+// this gateway's own count (ownHeld), one more request would wait in each
+// one's queue, and no sooner; a site whose slot one of the gateway's
+// requests freed has room at once, before any reading shows it.
+func TestFullByTheOwnCount(t *testing.T) {
+	world := func(readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
+		w := newWorld(t, "a", "b")
+		w.ageAware, w.meanMs = true, 1000
+		w.served = map[string]*Served{"a": {}, "b": {}}
+		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
+		w.publish("b", 1000, obs{running: 32, queue: f(0)})
+		w.build(1000)
+		for range heldA {
+			w.served["a"].Begin(1500)
+		}
+		for range heldB {
+			w.served["b"].Begin(1500)
+		}
+		w.publish("a", 2000, obs{running: min(readA, 32), queue: f(max(readA-32, 0))})
+		w.publish("b", 2000, obs{running: min(readB, 32), queue: f(max(readB-32, 0))})
+		return w.build(2000), w
+	}
+	// Half of each site's 32 are this gateway's, the rest another's: k
+	// is 2, and both sites hold 32.
+	snap, w := world(32, 32, 16, 16)
+	if !snap.Full("m", 2100) {
+		t.Fatal("both sites hold their 32: want full")
+	}
+	// One of its requests at a ends: a has a slot (k × 15 = 30, with
+	// room for one more), though no reading shows it yet.
+	w.served["a"].End(2150)
+	if snap.Full("m", 2200) {
+		t.Error("a request ended at a: want room")
+	}
+	snap, _ = world(30, 32, 15, 16)
+	if snap.Full("m", 2100) {
+		t.Error("a holds 30 of 32: want room")
+	}
+	// A client sending to b directly keeps b full whatever this gateway
+	// holds there: the reading's excess persists.
+	snap, w = world(32, 44, 16, 10)
+	if !snap.Full("m", 2100) {
+		t.Error("a holds 32, b 20 of ours and 24 from outside: want full")
+	}
+	w.served["b"].End(2150)
+	if !snap.Full("m", 2200) {
+		t.Error("b's excess from outside persists: want full still")
+	}
+	// Holding fewer than ownInformed, the gateway cannot tell: never full.
+	if snap, _ := world(40, 40, 3, 3); snap.Full("m", 2100) {
+		t.Error("holding 6 requests, the count says too little: want not full")
+	}
+	// A model nobody serves is not full; neither is one under the
+	// reference policy, which counts nothing.
+	snap, _ = world(32, 32, 16, 16)
+	if snap.Full("other", 2100) {
+		t.Error("an unknown model read as full")
+	}
+	// Asking counts nothing, and costs no allocation.
+	before := snap.Pick("m", 7, 2100)
+	if a := testing.AllocsPerRun(100, func() { snap.Full("m", 2100) }); a != 0 {
+		t.Errorf("Full allocates %v times", a)
+	}
+	if after := snap.Pick("m", 7, 2100); after.Candidate.Site != before.Candidate.Site {
+		t.Errorf("asking whether full moved a pick: %s then %s", before.Candidate.Site, after.Candidate.Site)
+	}
+}

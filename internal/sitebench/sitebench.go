@@ -35,9 +35,10 @@ const Model = "bench/model"
 type Router struct {
 	// Name is its name in --routers and in the tables.
 	Name string
-	// Policy is the gateway's availability.policy ("" for the default);
+	// Availability is what the gateway's availability block sets beyond
+	// the defaults, as the entries of a YAML flow mapping ("" for none);
 	// Grid routers only.
-	Policy string
+	Availability string
 	// Nginx selects nginx instead of Grid; LeastConn its least_conn
 	// balancing instead of weighted round robin; LocalOnly gives each
 	// instance its own site's engines alone (what staying local costs).
@@ -47,8 +48,9 @@ type Router struct {
 // Routers are the routers --routers names.
 var Routers = []Router{
 	{Name: "grid"},
-	{Name: "grid:reference", Policy: "reference"},
-	{Name: "grid:latency", Policy: "latency"},
+	{Name: "grid:reference", Availability: "policy: reference"},
+	{Name: "grid:latency", Availability: "policy: latency"},
+	{Name: "grid:hold", Availability: "holdWhenFull: 60s"},
 	{Name: "nginx-wrr", Nginx: true},
 	{Name: "nginx-least-conn", Nginx: true, LeastConn: true},
 	{Name: "nginx-local", Nginx: true, LocalOnly: true},

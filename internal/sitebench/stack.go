@@ -352,12 +352,12 @@ func (st *stack) startGateway(s *site, k int, certs string) error {
 // launchGateway starts replica k of site s on its addresses. Its listeners
 // are bound with SO_REUSEPORT, so a replacement can start beside it.
 func (st *stack) launchGateway(s *site, k int, certs string) (*proc, error) {
-	policy := ""
-	if st.router.Policy != "" {
-		policy = "availability: {policy: " + st.router.Policy + "}\n"
+	availability := ""
+	if st.router.Availability != "" {
+		availability = "availability: {" + st.router.Availability + "}\n"
 	}
 	cfg := fmt.Sprintf("site: %s\n%s\nlisten: %q\nhop: {listen: %q}\nmetrics: {listen: %q}\nreusePort: true\noperator: {signals: \"https://%s\"}\n%s",
-		s.name, tlsBlock(certs, s.name), s.replicas[k], s.hops[k], s.gwMetrics[k], s.signals, policy)
+		s.name, tlsBlock(certs, s.name), s.replicas[k], s.hops[k], s.gwMetrics[k], s.signals, availability)
 	file := filepath.Join(st.dir, fmt.Sprintf("%s-gateway-%d.yaml", s.name, k))
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		return nil, err
