@@ -76,17 +76,6 @@ func (r *holdRoom) leave(h *holder) {
 	}
 }
 
-// held is how many requests wait in every line.
-func (r *holdRoom) held() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, line := range r.lines {
-		n += len(line)
-	}
-	return n
-}
-
 // How a hold ended, the label of grid_gateway_holds_total.
 type holdEnd string
 

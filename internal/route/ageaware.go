@@ -575,7 +575,7 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 // board alone would have them do. With few requests of its own a
 // gateway's count says little, and the draw by share decides.
 func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn uint64) (int, bool) {
-	held, ok := w.ownHeld(pk, s, group)
+	held, ok := w.ownHeld(pk, s, group, nil)
 	if !ok {
 		return 0, false
 	}
@@ -602,25 +602,44 @@ func (w *water) ownLeast(pk *ageAwarePicker, s *Snapshot, group []int32, turn ui
 // ownHeld is what each site holds of the model by this gateway's own
 // count (ownLeast), in requests: k × own + max(read − k × then, 0). ok is
 // false while the gateway holds fewer than ownInformed requests over the
-// group's sites, when its count says too little.
-func (w *water) ownHeld(pk *ageAwarePicker, s *Snapshot, group []int32) (held [MaxSites]float64, ok bool) {
+// group's sites, when its count says too little. With backlogged set,
+// it also says which sites' newest readings show a backlog, and k is
+// read from the other sites when there are any: a backlog is where
+// clients bypassing the gateways show (their requests are in the reading
+// and not in any gateway's count), and counted into k they would read
+// every site's gateways' part as larger than it is.
+func (w *water) ownHeld(pk *ageAwarePicker, s *Snapshot, group []int32, backlogged *[MaxSites]bool) (held [MaxSites]float64, ok bool) {
 	var own, then, read [MaxSites]float64
-	var counted [MaxSites]bool
-	var sumOwn, sumThen, sumRead float64
+	var counted, backlog [MaxSites]bool
+	var sumOwn float64
 	for _, i := range group {
 		c, a := &s.Candidates[i], &pk.cands[i]
 		site := a.slot
 		read[site] += c.latestInFlight
-		sumRead += c.latestInFlight
+		backlog[site] = backlog[site] || c.backlog
 		if !counted[site] {
 			counted[site] = true
 			own[site], then[site] = a.held.InFlight(), a.heldThen
 			sumOwn += own[site]
-			sumThen += then[site]
 		}
 	}
 	if sumOwn < ownInformed {
 		return held, false
+	}
+	var sumThen, sumRead, clearThen, clearRead float64
+	for j := range w.sites[:w.n] {
+		sumThen += then[j]
+		sumRead += read[j]
+		if !backlog[j] {
+			clearThen += then[j]
+			clearRead += read[j]
+		}
+	}
+	if backlogged != nil {
+		*backlogged = backlog
+		if clearThen > 0 {
+			sumThen, sumRead = clearThen, clearRead
+		}
 	}
 	k := 1.0
 	if sumThen > 0 {
@@ -634,11 +653,13 @@ func (w *water) ownHeld(pk *ageAwarePicker, s *Snapshot, group []int32) (held [M
 	return held, true
 }
 
-// full reports whether every site of the model is full by this
-// gateway's own count: one more request would wait in each one's queue.
-// It is false while the count says too little (ownHeld), and when the
-// policy reads no candidate: the gateway then does not know the grid is
-// full, and sends. It counts nothing.
+// full reports whether every site of the model is full for a request
+// this gateway holds (Snapshot.Full): by its own count (ownHeld), one
+// more request would wait in each one's queue, or the site's newest
+// reading shows a backlog, whose queue takes any slot that frees there
+// before a request sent now arrives. It is false while the count says
+// too little, and when the policy reads no candidate: the gateway then
+// does not know the grid is full, and sends. It counts nothing.
 func (pk *ageAwarePicker) full(s *Snapshot, healthy []int32, nowMs int64) bool {
 	if !pk.ownLeast {
 		return false
@@ -650,12 +671,13 @@ func (pk *ageAwarePicker) full(s *Snapshot, healthy []int32, nowMs int64) bool {
 	}
 	var w water
 	w.fill(pk, s, group[:n], nowMs, true)
-	held, ok := w.ownHeld(pk, s, group[:n])
+	var backlog [MaxSites]bool
+	held, ok := w.ownHeld(pk, s, group[:n], &backlog)
 	if !ok {
 		return false
 	}
 	for j := range w.sites[:w.n] {
-		if sw := &w.sites[j]; sw.used && held[j]+1 <= sw.capacity+levelSlack {
+		if sw := &w.sites[j]; sw.used && !backlog[j] && held[j]+1 <= sw.capacity+levelSlack {
 			return false
 		}
 	}

@@ -1564,7 +1564,13 @@ func TestFullByTheOwnCount(t *testing.T) {
 	}
 	w.served["b"].End(2150)
 	if !snap.Full("m", 2200) {
-		t.Error("b's excess from outside persists: want full still")
+		t.Error("b's reading shows a backlog, whose queue takes the slot: want full still")
+	}
+	// Those clients' requests are read as the gateways' nowhere else: a
+	// holds 12 of ours and 24 in all, with 8 slots free, though the
+	// readings' 68 over our 22 would read it as holding 37.
+	if snap, _ := world(24, 44, 12, 10); snap.Full("m", 2100) {
+		t.Error("a holds 24 of 32, b a backlog from outside: want room at a")
 	}
 	// Holding fewer than ownInformed, the gateway cannot tell: never full.
 	if snap, _ := world(40, 40, 3, 3); snap.Full("m", 2100) {

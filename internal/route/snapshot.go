@@ -97,8 +97,10 @@ type Candidate struct {
 	latestInFlight float64
 	latestAt       int64
 	// backlogMs is how long the backlog of the latest reading had been
-	// seen to persist by then (0 without a backlog).
+	// seen to persist by then (0 without a backlog); backlog is whether
+	// the latest reading has one.
 	backlogMs int64
+	backlog   bool
 	// units is the latest ready count (at least 1), and prefillTokens the
 	// prompt tokens the latest reading says wait for their first token
 	// (-1: not published).
@@ -525,7 +527,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	if r.LatestInFlight.OK {
 		c.latestAt, c.latestInFlight = r.LatestAt, r.LatestInFlight.V
 		if r.CongestedSince.OK {
-			c.backlogMs = r.LatestAt - int64(r.CongestedSince.V)
+			c.backlogMs, c.backlog = r.LatestAt-int64(r.CongestedSince.V), true
 		}
 		if r.PrefillTokens.OK {
 			c.prefillTokens = r.PrefillTokens.V
