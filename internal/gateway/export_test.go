@@ -37,3 +37,9 @@ func WatchedHopConns(g *Gateway) int {
 	defer w.mu.Unlock()
 	return len(w.conns)
 }
+
+// OwnInFlight is how many of g's requests g counts site as holding of
+// model (route.Served): its own count.
+func OwnInFlight(g *Gateway, site, model string) float64 {
+	return g.service.Served(site, model).InFlight()
+}

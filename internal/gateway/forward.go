@@ -68,7 +68,7 @@ tries:
 		x.unhold() // counted: the next in its line may look
 		x.attempt = pick
 		ob := observation{site: c.Site, local: c.Local, served: sv, began: began, room: pick.Room, load: pick.Load, cost: x.cost}
-		switch x.forward(c, began, &ans) {
+		switch x.forwardCounted(c, began, &ans, sv) {
 		case delivered:
 			if s := ans.detached; s != nil {
 				ob := ob // the stream's own, so the attempt's stays on the stack
@@ -111,6 +111,24 @@ tries:
 	}
 	unreachable.write(x.w, x.turn)
 	return "upstream_error", nil
+}
+
+// forwardCounted is forward for an attempt counted in sv (Served.Begin):
+// when the proxy aborts the handler (it panics with http.ErrAbortHandler
+// when the client leaves while the answer is copied), the attempt's count
+// ends on the way out, which the code after forward never reaches. A
+// count left behind would read the site as holding the request for good
+// (TestClientCutEndsItsCount).
+func (x *exchange) forwardCounted(c *route.Candidate, began time.Time, ans *answer, sv *route.Served) attempt {
+	returned := false
+	defer func() {
+		if !returned {
+			sv.End(x.g.timeline.NowMs())
+		}
+	}()
+	result := x.forward(c, began, ans)
+	returned = true
+	return result
 }
 
 // alternative is the first candidate in snapshot order, other than tried,

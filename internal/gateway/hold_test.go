@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/grid-inference/grid/internal/gateway"
+	"github.com/grid-inference/grid/internal/sim"
 )
 
 // TestHeldWhileFullUntilRoom: with availability.holdWhenFull, a request
@@ -91,5 +94,42 @@ func TestHeldWhileFullUntilRoom(t *testing.T) {
 		if a := <-answers; a.err != nil || a.code != http.StatusOK {
 			t.Errorf("a stream failed: %+v", a)
 		}
+	}
+}
+
+// TestClientCutEndsItsCount: a stream the client leaves, before its first
+// token or after, leaves the gateway's own count of its site (the count
+// the own-count pick and the hold read) at once, as its slot leaves the
+// engine.
+func TestClientCutEndsItsCount(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ttft time.Duration
+	}{{"before its first token", 10 * time.Second}, {"after its first token", 20 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := startGrid(t, gridSpec{slots: map[string]int{"east": 1, "west": 1}, ttft: map[string]time.Duration{"east": tc.ttft, "west": tc.ttft}})
+			east := g["east"]
+			ctx, cut := context.WithCancel(context.Background())
+			defer cut()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+east.client+"/v1/chat/completions", strings.NewReader(chatBody(1000, true)))
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			count := func() float64 {
+				return gateway.OwnInFlight(east.gw, "east", sim.DefaultModel) + gateway.OwnInFlight(east.gw, "west", sim.DefaultModel)
+			}
+			waitUntil(t, 10*time.Second, "the stream is counted", func() bool { return count() == 1 })
+			if tc.ttft < time.Second {
+				time.Sleep(200 * time.Millisecond) // past its first tokens
+			}
+			cut()
+			<-done
+			waitUntil(t, 5*time.Second, "the cut stream leaves the count", func() bool { return count() == 0 })
+		})
 	}
 }
