@@ -1566,6 +1566,15 @@ func TestFullByTheOwnCount(t *testing.T) {
 	if !snap.Full("m", 2200) {
 		t.Error("b's reading shows a backlog, whose queue takes the slot: want full still")
 	}
+	// A site whose reading shows a queue has no room for a held request
+	// even where the count has: two of this gateway's requests at b
+	// ended, but the slots they freed go to b's queue.
+	snap, w = world(32, 34, 16, 16)
+	w.served["b"].End(2150)
+	w.served["b"].End(2150)
+	if !snap.Full("m", 2200) {
+		t.Error("b's reading shows a queue of 2: want full though two of ours there ended")
+	}
 	// Those clients' requests are read as the gateways' nowhere else: a
 	// holds 12 of ours and 24 in all, with 8 slots free, though the
 	// readings' 68 over our 22 would read it as holding 37.
