@@ -103,29 +103,29 @@ func (x *exchange) hold(ctx context.Context) (h *holder, gone bool) {
 	deadline := g.clk.NewTimer(limit)
 	defer deadline.Stop()
 	end := func(e holdEnd) { g.m.holds.WithLabelValues(string(e)).Inc() }
-	select {
-	case <-h.lead:
-	case <-deadline.C():
-		end(holdTimedOut)
-		return h, false
-	case <-ctx.Done():
-		g.holds.leave(h)
-		end(holdGone)
-		return nil, true
-	}
-	look := g.clk.NewTicker(holdLook)
-	defer look.Stop()
+	// Until h leads, it only waits: leads is its signal and looks is nil,
+	// a channel that never fires. Once it leads, it looks for room at
+	// once and then every holdLook.
+	leads := h.lead
+	var looks <-chan time.Time
 	for {
-		switch {
-		case g.closingConns.Load():
-			end(holdDraining)
-			return h, false
-		case !g.view(nil).Full(x.model, g.timeline.NowMs()):
-			end(holdRoomFound)
-			return h, false
+		if leads == nil {
+			switch {
+			case g.closingConns.Load():
+				end(holdDraining)
+				return h, false
+			case !g.view(nil).Full(x.model, g.timeline.NowMs()):
+				end(holdRoomFound)
+				return h, false
+			}
 		}
 		select {
-		case <-look.C():
+		case <-leads:
+			leads = nil
+			look := g.clk.NewTicker(holdLook)
+			defer look.Stop()
+			looks = look.C()
+		case <-looks:
 		case <-deadline.C():
 			end(holdTimedOut)
 			return h, false

@@ -896,24 +896,33 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 // reading showed beyond that. In the harness (internal/routesim) it took
 // sites 8/16/32 at load 0.9, four gateways, from the draw by share's
 // 1.09-1.14 mean durations to 1.07 (the oracle's 1.05).
+// heldWorld is an age-aware world of two sites, a and b, that learned a
+// capacity of 32 each: this gateway sent heldA and heldB requests that
+// have not ended, then readings of readA and readB arrived (beyond 32,
+// queued). It returns the snapshot built on those readings.
+func heldWorld(t *testing.T, shareOnly bool, readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
+	w := newWorld(t, "a", "b")
+	w.ageAware, w.shareOnly, w.meanMs = true, shareOnly, 1000
+	w.served = map[string]*Served{"a": {}, "b": {}}
+	w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
+	w.publish("b", 1000, obs{running: 32, queue: f(0)})
+	w.build(1000)
+	for range heldA {
+		w.served["a"].Begin(1500)
+	}
+	for range heldB {
+		w.served["b"].Begin(1500)
+	}
+	w.publish("a", 2000, obs{running: min(readA, 32), queue: f(max(readA-32, 0))})
+	w.publish("b", 2000, obs{running: min(readB, 32), queue: f(max(readB-32, 0))})
+	return w.build(2000), w
+}
+
 func TestOwnCountDecidesWhenInformed(t *testing.T) {
 	shareOnly := false
 	world := func(readA, readB float64, heldA, heldB int) *Snapshot {
-		w := newWorld(t, "a", "b")
-		w.ageAware, w.shareOnly, w.meanMs = true, shareOnly, 1000
-		w.served = map[string]*Served{"a": {}, "b": {}}
-		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
-		w.publish("b", 1000, obs{running: 32, queue: f(0)})
-		w.build(1000)
-		for range heldA {
-			w.served["a"].Begin(1500)
-		}
-		for range heldB {
-			w.served["b"].Begin(1500)
-		}
-		w.publish("a", 2000, obs{running: readA, queue: f(0)})
-		w.publish("b", 2000, obs{running: readB, queue: f(0)})
-		return w.build(2000)
+		snap, _ := heldWorld(t, shareOnly, readA, readB, heldA, heldB)
+		return snap
 	}
 	toA := func(snap *Snapshot) int {
 		n := 0
@@ -1524,21 +1533,7 @@ func TestColdStartDrawsOnSitesNotYetRead(t *testing.T) {
 // requests freed has room at once, before any reading shows it.
 func TestFullByTheOwnCount(t *testing.T) {
 	world := func(readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
-		w := newWorld(t, "a", "b")
-		w.ageAware, w.meanMs = true, 1000
-		w.served = map[string]*Served{"a": {}, "b": {}}
-		w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
-		w.publish("b", 1000, obs{running: 32, queue: f(0)})
-		w.build(1000)
-		for range heldA {
-			w.served["a"].Begin(1500)
-		}
-		for range heldB {
-			w.served["b"].Begin(1500)
-		}
-		w.publish("a", 2000, obs{running: min(readA, 32), queue: f(max(readA-32, 0))})
-		w.publish("b", 2000, obs{running: min(readB, 32), queue: f(max(readB-32, 0))})
-		return w.build(2000), w
+		return heldWorld(t, false, readA, readB, heldA, heldB)
 	}
 	// Half of each site's 32 are this gateway's, the rest another's: k
 	// is 2, and both sites hold 32.
