@@ -14,8 +14,10 @@ import (
 )
 
 // TestDrainPastItsDeadline: SIGTERM to a gateway with 20 streams open that
-// outlast its one-second drain, streams it detaches and streams it copies
-// (limits.detachStreams off). Each client reads what it got, then the
+// outlast its one-second drain: streams it detached (limits.detachAfter
+// 0s), streams it would detach but copies still (limits.detachAfter
+// longer than they run), and streams it copies (limits.detachStreams
+// off). Each client reads what it got, then the
 // terminal error event naming the shutdown, then a well-framed end: no
 // stream looks complete without its [DONE], none breaks mid-chunk. The
 // gateway exits 0 within its drain and the grace of the event.
@@ -25,12 +27,12 @@ func TestDrainPastItsDeadline(t *testing.T) {
 	}
 	// 2,000 tokens at 10 ms: 20 s per answer.
 	dir, certs, signals := startEastEngine(t, "--slots", "32")
-	for _, detach := range []bool{true, false} {
-		t.Run(fmt.Sprintf("detachStreams=%v", detach), func(t *testing.T) {
+	for i, limits := range []string{"{detachAfter: 0s}", "{detachAfter: 1h}", "{detachStreams: false}"} {
+		t.Run("limits="+limits, func(t *testing.T) {
 			client := freePort(t)
-			gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\nlimits: {detachStreams: %[6]v}\n",
-				certs, client, freePort(t), freePort(t), signals, detach)
-			gwFile := filepath.Join(dir, fmt.Sprintf("gateway-%v.yaml", detach))
+			gw := fmt.Sprintf("site: east\ntls: {ca: %[1]s/ca.crt, cert: %[1]s/east.crt, key: %[1]s/east.key}\nlisten: %[2]q\nhop: {listen: %[3]q}\nmetrics: {listen: %[4]q}\noperator: {signals: \"https://%[5]s\"}\npollInterval: 250ms\nlimits: %[6]s\n",
+				certs, client, freePort(t), freePort(t), signals, limits)
+			gwFile := filepath.Join(dir, fmt.Sprintf("gateway-%d.yaml", i))
 			os.WriteFile(gwFile, []byte(gw), 0o600)
 			gateway := start(t, "gateway", "--config", gwFile, "--drain-timeout", "1s")
 			drainPastDeadline(t, client, gateway)

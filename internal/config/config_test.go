@@ -132,6 +132,7 @@ func TestGatewayRejections(t *testing.T) {
 		{"ceiling floor below one", base + "availability: {ceiling_floor: 0.5}\n", "availability.ceiling_floor"},
 		{"negative full after", base + "availability: {full_after_ms: -1}\n", "availability.full_after_ms"},
 		{"negative hold", base + "availability: {holdWhenFull: -1s}\n", "availability.holdWhenFull"},
+		{"negative detach delay", base + "limits: {detachAfter: -1s}\n", "limits.detachAfter"},
 		{"zero half life", base + "availability: {ceiling_half_life_ms: 0}\n", "availability.ceiling_half_life_ms"},
 		{"bad hop listen", base + "hop: {listen: ':'}\n", "hop.listen"},
 		{"affinity ttl over a day", base + "affinity: {header: X-Session-Id, ttl: 25h}\n", "affinity.ttl: must be positive and at most 24h"},

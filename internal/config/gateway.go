@@ -131,10 +131,23 @@ type GatewayLimits struct {
 	// streams); nil is on. A reload applies it to the streams that start
 	// after it.
 	DetachStreams *bool `yaml:"detachStreams"`
+	// DetachAfter is how long a stream is copied by the server before it
+	// is detached, at its first event after that; nil is
+	// DefaultDetachAfter, 0 detaches at the first event (docs/gateway.md,
+	// detached streams).
+	DetachAfter *Duration `yaml:"detachAfter"`
 }
 
 // Detach reports whether SSE answers are detached (limits.detachStreams).
 func (l *GatewayLimits) Detach() bool { return l.DetachStreams == nil || *l.DetachStreams }
+
+// DetachDelay is limits.detachAfter, or its default when unset.
+func (l *GatewayLimits) DetachDelay() time.Duration {
+	if l.DetachAfter == nil {
+		return DefaultDetachAfter
+	}
+	return l.DetachAfter.D()
+}
 
 // OperatorRef locates the local operator.
 type OperatorRef struct {
@@ -208,6 +221,11 @@ const (
 	// keep-alive reused within 30 s saves a handshake, one idle longer holds
 	// a slot of limits.clientConns that a new client may need.
 	DefaultClientIdleTimeout = 30 * time.Second
+	// DefaultDetachAfter: detaching a stream saves memory for as long as
+	// it lasts and costs the hijack and the connection's return once; a
+	// stream shorter than a second is not worth it (BENCHMARKS.md, CPU
+	// per request).
+	DefaultDetachAfter = time.Second
 
 	// DefaultUpstreamConnectTimeout: a connection on a network between
 	// sites is made in well under a second; two leaves room for a loaded

@@ -250,6 +250,9 @@ func (c *Gateway) validate(doc *document) error {
 	p.positive("upstream.responseHeaderTimeout", c.Upstream.ResponseHeaderTimeout)
 	p.positive("limits.headerReadTimeout", c.Limits.HeaderReadTimeout)
 	p.positive("limits.clientIdleTimeout", c.Limits.ClientIdleTimeout)
+	if d := c.Limits.DetachAfter; d != nil && *d < 0 {
+		p.addf("limits.detachAfter", "must not be negative, got %s", d.D())
+	}
 	a := c.Availability
 	inRange := func(path string, v, lo, hi float64) {
 		if math.IsNaN(v) || v < lo || v > hi {

@@ -39,7 +39,7 @@ func BenchmarkProxyCPU(b *testing.B) {
 		b.Fatalf("sim helper: %v", err)
 	}
 	upstream := "http://" + strings.TrimSpace(addr)
-	gwAddr, stopGateway := serveStreamGateway(b, upstream, 4096)
+	_, gwAddr, stopGateway := serveStreamGateway(b, upstream, 4096)
 	defer stopGateway()
 	nginx := startNginx(b, upstream)
 	for _, mode := range []struct {

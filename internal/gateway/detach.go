@@ -7,32 +7,36 @@ package gateway
 // stays at 16 KiB: the handler parks deep inside httputil.ReverseProxy and
 // the runtime halves a parked stack only below a quarter used), the
 // connection's background reader, and its 4 + 4 KiB of buffers. Once an
-// upstream has answered 200 with text/event-stream and no length, and its
-// first bytes have come (until then the request may wait in the engine's
-// queue, and the server's background reader notices a client that leaves
-// at once), the gateway takes the client's HTTP/1.1 connection from the
-// server (Hijack), writes the answer's head and those bytes itself, and
-// copies the rest, one chunk per read, on a goroutine of its own that
-// parks a few frames deep. A client that leaves a detached stream is
-// noticed when a write to it fails, an event or two later.
-// When the stream ends whole, the connection re-enters the server through
-// the client listener (rejoinListener), so a keep-alive client keeps it.
-// BENCHMARKS.md (memory per concurrent stream) has what this saves;
-// docs/gateway.md the rules.
+// upstream has answered 200 with text/event-stream and no length, the
+// server copies the answer as any other for limits.detachAfter; at the
+// first event after that (detachingBody), the proxy's copy ends, and the
+// gateway takes the client's HTTP/1.1 connection from the server
+// (Hijack, with the head and the events so far written) and copies the
+// rest, one chunk per read, on a goroutine of its own that parks a few
+// frames deep. A stream shorter than that is never detached: what
+// detaching saves is memory for as long as a stream lasts, and what it
+// costs, once, is the hijack and the connection's return to the server.
+// A client that leaves a detached stream is noticed when a write to it
+// fails, an event or two later. When the stream ends whole, the
+// connection re-enters the server through the client listener
+// (rejoinListener), so a keep-alive client keeps it. BENCHMARKS.md
+// (memory per concurrent stream, CPU per request) has what this saves
+// and costs; docs/gateway.md the rules.
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/grid-inference/grid/internal/clock"
 )
 
 // stalledStreamWrite bounds how long a detached stream waits for a client
@@ -63,10 +67,6 @@ func detachable(resp *http.Response) bool {
 	return resp.StatusCode == http.StatusOK && resp.ContentLength < 0 && len(resp.Trailer) == 0 && len(resp.TransferEncoding) <= 1
 }
 
-// errDetached, returned by the proxy's ModifyResponse, tells its error
-// handler that the answer left on a detached stream: nothing to answer.
-var errDetached = errors.New("the answer is copied on a detached stream")
-
 // detachedStream copies one SSE answer to a hijacked client connection.
 // It is built on the handler's goroutine, then owned by the goroutine
 // streamSet.start runs it on.
@@ -78,16 +78,15 @@ type detachedStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	via    *rejoinListener
-	// closeAfter: the client sent bytes after its request (pipelining),
-	// which the hijack took; the answer says Connection: close and the
-	// connection closes after it.
+	// closeAfter: the answer's head said Connection: close (LameDuck);
+	// the connection closes after it.
 	closeAfter bool
-	// gone: the head could not be written; the client left.
-	gone bool
-	// buf is the chunk buffer (chunkBuffers), pending the bytes of the
-	// answer read into it before the stream was detached.
-	buf     *[chunkBufSize]byte
-	pending int
+	// early holds what the client sent after its request (pipelining),
+	// which the hijack took from the server's reader: the connection
+	// gives it back when it re-enters the server.
+	early []byte
+	// buf is the chunk buffer (chunkBuffers).
+	buf *[chunkBufSize]byte
 	// observe, set by the proxy, tells the observed service the stream is
 	// over, and, when it was whole, what it took; end, set by the handler,
 	// counts the request once it is over.
@@ -105,55 +104,73 @@ type detachedStream struct {
 // before it closes the connections (cmd/grid).
 const DrainGrace = time.Second
 
-// detach waits for the first bytes of resp's body, then takes w's
-// connection from the server (counted in set as detaching: the caller must
-// start the stream it returns) and writes resp's head to it: the status
-// line, the headers already set on w and resp's, and chunked framing. It
-// returns nil, leaving w untouched and resp's body whole for the proxy to
-// copy, when the body ends or fails before any byte (or with its first),
-// or when the server will not give the connection up.
-func detach(w http.ResponseWriter, resp *http.Response, set *streamSet, via *rejoinListener, ctx context.Context, cancel context.CancelFunc) *detachedStream {
-	buf := chunkBuffers.Get().(*[chunkBufSize]byte)
-	n, err := resp.Body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
-	var conn net.Conn
-	var brw *bufio.ReadWriter
-	hijacked := false
-	if n > 0 && err == nil {
-		set.beginDetach()
-		var herr error
-		conn, brw, herr = http.NewResponseController(w).Hijack()
-		if hijacked = herr == nil; !hijacked {
-			set.abandon()
-		}
+// detachingBody is a detachable answer's body (detachable) as the proxy
+// copies it: once the stream has run for limits.detachAfter, a read that
+// brings bytes makes the next one end the proxy's copy, at once and
+// without reading (handedOff), so that the handler detaches the stream
+// with the body itself (detach). A stream silent past that time is
+// detached at its next event. The handler's goroutine only.
+type detachingBody struct {
+	body io.ReadCloser // the upstream's answer (watchedBody)
+	// resp is the answer, whose headers a detached stream need not keep
+	// (detach).
+	resp *http.Response
+	clk  clock.Clock
+	// after is when the stream may be detached.
+	after time.Time
+	// due: the last read brought bytes past after.
+	due bool
+	// handedOff: the proxy's copy ended for the stream to be detached;
+	// the body stays open for it.
+	handedOff bool
+}
+
+func (b *detachingBody) Read(p []byte) (int, error) {
+	if b.due {
+		b.handedOff = true
+		return 0, io.EOF
 	}
-	if !hijacked {
-		resp.Body = &replayBody{ReadCloser: resp.Body, pending: slices.Clone(buf[chunkHeadRoom : chunkHeadRoom+n]), err: err}
-		chunkBuffers.Put(buf)
+	n, err := b.body.Read(p)
+	if n > 0 && err == nil && !b.clk.Now().Before(b.after) {
+		b.due = true
+	}
+	return n, err
+}
+
+// Close closes the answer, unless it goes on on a detached stream.
+func (b *detachingBody) Close() error {
+	if b.handedOff {
 		return nil
 	}
-	// The connection closes after the answer when the client pipelined
-	// (the hijack took its next bytes), or when the handler said so
-	// (LameDuck: the head carries its Connection: close).
-	told := w.Header().Get("Connection") == "close"
-	s := &detachedStream{conn: conn, body: resp.Body, ctx: ctx, cancel: cancel, via: via, closeAfter: brw.Reader.Buffered() > 0 || told, buf: buf, pending: n}
-	resp.Header.Del("Content-Length")
-	bw := brw.Writer
-	bw.WriteString("HTTP/1.1 200 OK\r\n")
-	w.Header().Write(bw)
-	resp.Header.Write(bw)
-	if w.Header().Get("Date") == "" && resp.Header.Get("Date") == "" {
-		bw.WriteString("Date: " + time.Now().UTC().Format(http.TimeFormat) + "\r\n")
+	return b.body.Close()
+}
+
+// detach takes w's connection from the server, once the proxy has written
+// the answer's head and its events so far through w and handed the body
+// off, and returns the stream that copies the rest (counted in set as
+// detaching: the caller must start it); nil, with w untouched, when the
+// server will not give the connection up.
+func (b *detachingBody) detach(w http.ResponseWriter, set *streamSet, via *rejoinListener, ctx context.Context, cancel context.CancelFunc) *detachedStream {
+	set.beginDetach()
+	rc := http.NewResponseController(w)
+	// The proxy flushed what it wrote; flushing again writes nothing, and
+	// makes sure the server's buffer, dropped by the hijack, is empty.
+	rc.Flush()
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		set.abandon()
+		return nil
 	}
-	if s.closeAfter && !told {
-		bw.WriteString("Connection: close\r\n")
+	s := &detachedStream{conn: conn, body: b.body, ctx: ctx, cancel: cancel, via: via,
+		closeAfter: w.Header().Get("Connection") == "close", buf: chunkBuffers.Get().(*[chunkBufSize]byte)}
+	if n := brw.Reader.Buffered(); n > 0 {
+		early, _ := brw.Reader.Peek(n)
+		s.early = bytes.Clone(early)
 	}
-	bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
-	conn.SetWriteDeadline(time.Now().Add(stalledStreamWrite))
-	s.gone = bw.Flush() != nil
-	// The body keeps its response (for trailers) as long as the stream
-	// lasts; the headers are written and no longer needed. (The transport
-	// does not read them once it has handed the response over.)
-	resp.Header = nil
+	// The body keeps its answer (for trailers) as long as the stream
+	// lasts; the headers are written, and the transport does not read
+	// them once it has handed the answer over.
+	b.resp.Header = nil
 	return s
 }
 
@@ -177,10 +194,7 @@ var chunkBuffers = sync.Pool{New: func() any { return new([chunkBufSize]byte) }}
 // with the terminal event and the last chunk first), and counts the
 // request.
 func (s *detachedStream) run() {
-	outcome, whole := "routed", false
-	if !s.gone {
-		outcome, whole = s.copy()
-	}
+	outcome, whole := s.copy()
 	chunkBuffers.Put(s.buf)
 	if !whole {
 		s.cancel()
@@ -188,7 +202,7 @@ func (s *detachedStream) run() {
 	// A whole stream's request context is not cancelled: the upstream
 	// connection goes back to its pool on the body's end, and cancelling
 	// races that. The context holds no goroutine or timer.
-	if !whole && !s.gone && s.drainedBy.Load() != 0 {
+	if !whole && s.drainedBy.Load() != 0 {
 		s.interrupt()
 	}
 	s.body.Close()
@@ -203,7 +217,7 @@ func (s *detachedStream) run() {
 		// (QuietClients). Once the server has shut down, rejoin refuses.
 		if err == nil && !s.closeAfter {
 			s.conn.SetWriteDeadline(time.Time{})
-			if s.via.rejoin(s.conn) {
+			if s.via.rejoin(s.conn, s.early) {
 				s.end(outcome)
 				return
 			}
@@ -217,8 +231,8 @@ func (s *detachedStream) run() {
 // whole: the upstream ended the answer and the client took all of it.
 func (s *detachedStream) copy() (outcome string, whole bool) {
 	buf := s.buf
-	n, err := s.pending, error(nil)
 	for {
+		n, err := s.body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
 		if n > 0 {
 			start := chunkHeadRoom - 2
 			buf[start], buf[start+1] = '\r', '\n'
@@ -239,7 +253,6 @@ func (s *detachedStream) copy() (outcome string, whole bool) {
 		case err != nil:
 			return "upstream_error", false // watchedBody told passive health
 		}
-		n, err = s.body.Read(buf[chunkHeadRoom : chunkHeadRoom+chunkData])
 	}
 }
 
@@ -271,27 +284,6 @@ func (s *detachedStream) interrupt() {
 	fmt.Fprintf(s.conn, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
 }
 
-// replayBody is an answer's body whose first bytes, and the error that
-// came with them, were read before the proxy copies it: it gives them
-// back first.
-type replayBody struct {
-	io.ReadCloser
-	pending []byte
-	err     error
-}
-
-func (b *replayBody) Read(p []byte) (int, error) {
-	if len(b.pending) > 0 {
-		n := copy(p, b.pending)
-		b.pending = b.pending[n:]
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
-}
-
 // cut ends the stream from outside (Close): the client's connection
 // closes and the upstream request is cancelled, so run's read or write
 // returns.
@@ -319,6 +311,11 @@ type streamSet struct {
 	wg        sync.WaitGroup
 	changed   chan struct{} // a token when a stream starts or ends, for drain (capacity 1)
 	detaching atomic.Int32  // hijacks begun whose streams have not started
+	// waiting counts the detachable streams the server copies still
+	// (waitToDetach), up to maxWaiting (maxWaitingToDetach; tests set
+	// it before the set is used).
+	waiting    atomic.Int32
+	maxWaiting int32
 
 	mu   sync.Mutex
 	live map[*detachedStream]struct{} // under mu
@@ -329,7 +326,7 @@ type streamSet struct {
 }
 
 func newStreamSet() *streamSet {
-	return &streamSet{changed: make(chan struct{}, 1), live: map[*detachedStream]struct{}{}}
+	return &streamSet{changed: make(chan struct{}, 1), live: map[*detachedStream]struct{}{}, maxWaiting: maxWaitingToDetach}
 }
 
 func (set *streamSet) signal() {
@@ -382,6 +379,27 @@ func (set *streamSet) start(s *detachedStream, end func(outcome string)) {
 	}()
 	set.signal()
 }
+
+// maxWaitingToDetach bounds the detachable streams the server copies at
+// once: past it, a new stream is detached at its first event, whatever
+// limits.detachAfter says. A flash crowd of new streams then holds the
+// memory of detached ones, as it would if every stream were detached at
+// once, and the server's copies, at about twice that, are at most this
+// many (4 MiB or so).
+const maxWaitingToDetach = 128
+
+// waitToDetach counts a detachable stream the server copies, until
+// waited, and returns how long it may wait to be detached: after, or
+// nothing when maxWaitingToDetach wait already.
+func (set *streamSet) waitToDetach(after time.Duration) time.Duration {
+	if set.waiting.Add(1) > set.maxWaiting {
+		return 0
+	}
+	return after
+}
+
+// waited ends waitToDetach's count: the stream ended or was detached.
+func (set *streamSet) waited() { set.waiting.Add(-1) }
 
 // busy reports whether a stream is being copied or about to be.
 func (set *streamSet) busy() bool { return set.Len() > 0 || set.detaching.Load() > 0 }
@@ -502,9 +520,11 @@ func (l *rejoinListener) stopAccepting() {
 	}
 }
 
-// rejoin queues c to be served again; false when the listener is closed
-// or its queue full, and c is the caller's to close.
-func (l *rejoinListener) rejoin(c net.Conn) bool {
+// rejoin queues c to be served again, its reads giving early first (the
+// bytes the client sent after its last request, which a hijack took);
+// false when the listener is closed or its queue full, and c is the
+// caller's to close.
+func (l *rejoinListener) rejoin(c net.Conn, early []byte) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.isClosed {
@@ -514,7 +534,9 @@ func (l *rejoinListener) rejoin(c net.Conn) bool {
 	if !again {
 		rc = &rejoinedConn{Conn: c, idle: l.idle}
 	}
-	rc.waiting.Store(true)
+	rc.early = early
+	// A request already begun has its header's time, not the idle wait.
+	rc.waiting.Store(len(early) == 0)
 	select {
 	case l.back <- rc:
 		return true
@@ -529,12 +551,16 @@ func (l *rejoinListener) rejoin(c net.Conn) bool {
 // requests, so until the next request's first byte its reads wait
 // limits.clientIdleTimeout, as the server's idle wait does, and the
 // header's own time runs from that byte. The server's goroutines touch
-// it; waiting and header are atomic.
+// it; waiting and header are atomic, early is read by the one that reads
+// the connection.
 type rejoinedConn struct {
 	net.Conn
 	idle    time.Duration
 	waiting atomic.Bool  // no byte read since the connection came back
 	header  atomic.Int64 // the header read time the server asked for
+	// early is what the client sent before the connection came back,
+	// read before the connection's own bytes.
+	early []byte
 }
 
 func (c *rejoinedConn) SetReadDeadline(t time.Time) error {
@@ -553,6 +579,11 @@ func (c *rejoinedConn) SetDeadline(t time.Time) error {
 }
 
 func (c *rejoinedConn) Read(p []byte) (int, error) {
+	if len(c.early) > 0 {
+		n := copy(p, c.early)
+		c.early = c.early[n:]
+		return n, nil
+	}
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.waiting.CompareAndSwap(true, false) {
 		if h := time.Duration(c.header.Load()); h > 0 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/grid-inference/grid/internal/clock"
 	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/identity"
 	"github.com/grid-inference/grid/internal/sim"
@@ -114,14 +115,16 @@ func detachServer(t *testing.T, upstream string) (*Gateway, *http.Server, string
 }
 
 // detachServerWith is detachServer with the gateway's limits set by
-// limits before its server reads them.
+// limits before its server reads them. Its streams are detached at their
+// first event (limits.detachAfter 0) unless limits says otherwise.
 func detachServerWith(t *testing.T, upstream string, limits func(*config.GatewayLimits)) (*Gateway, *http.Server, string) {
 	g := benchGateway(t, upstream)
+	cfg := *g.cfg.Load()
+	cfg.Limits.DetachAfter = new(config.Duration)
 	if limits != nil {
-		cfg := *g.cfg.Load()
 		limits(&cfg.Limits)
-		g.cfg.Store(&cfg)
 	}
+	g.cfg.Store(&cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +255,9 @@ func TestDetachedStreamOverTLSKeepsItsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := benchGateway(t, up.URL)
+	at := *g.cfg.Load()
+	at.Limits.DetachAfter = new(config.Duration) // at the first event
+	g.cfg.Store(&at)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -581,28 +587,157 @@ func TestEmptyStreamNotDetached(t *testing.T) {
 	}
 }
 
-// replayBody gives back what was read before the proxy copies the body,
-// then the error that came with it, or the rest.
-func TestReplayBody(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		pending string
-		err     error
-		rest    string
-		want    string
-		wantErr error
-	}{
-		{"bytes then the rest", "data: a\n\n", nil, "data: b\n\n", "data: a\n\ndata: b\n\n", nil},
-		{"bytes then the end", "data: a\n\n", io.EOF, "never read", "data: a\n\n", nil},
-		{"nothing then a failure", "", io.ErrUnexpectedEOF, "never read", "", io.ErrUnexpectedEOF},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			b := &replayBody{ReadCloser: io.NopCloser(strings.NewReader(tc.rest)), pending: []byte(tc.pending), err: tc.err}
-			got, err := io.ReadAll(iotest.OneByteReader(b))
-			if string(got) != tc.want || !errors.Is(err, tc.wantErr) {
-				t.Fatalf("read %q, %v; want %q, %v", got, err, tc.want, tc.wantErr)
-			}
-		})
+// detachingBody passes the answer through until the stream may be
+// detached; then the read after one that brought bytes ends the proxy's
+// copy without reading, and the answer stays open for the detached
+// stream.
+func TestDetachingBody(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	answer := &closeCounter{Reader: strings.NewReader("data: a\n\ndata: b\n\ndata: c\n\n")}
+	b := &detachingBody{body: answer, clk: clk, after: clk.Now().Add(time.Second)}
+	p := make([]byte, 9)
+	if n, err := b.Read(p); string(p[:n]) != "data: a\n\n" || err != nil {
+		t.Fatalf("before detachAfter: %q, %v", p[:n], err)
+	}
+	clk.Advance(time.Second)
+	if n, err := b.Read(p); string(p[:n]) != "data: b\n\n" || err != nil || b.handedOff {
+		t.Fatalf("the first read past detachAfter: %q, %v, handed off %v; want the event, not yet handed off", p[:n], err, b.handedOff)
+	}
+	if n, err := b.Read(p); n != 0 || err != io.EOF || !b.handedOff {
+		t.Fatalf("the read after it: %d bytes, %v, handed off %v; want the copy's end", n, err, b.handedOff)
+	}
+	b.Close()
+	if answer.closed != 0 {
+		t.Fatal("the proxy's Close closed an answer handed off")
+	}
+	if rest, _ := io.ReadAll(answer); string(rest) != "data: c\n\n" {
+		t.Fatalf("the detached stream's part: %q", rest)
+	}
+	// An answer that ends before it is handed off is closed as usual.
+	short := &closeCounter{Reader: strings.NewReader("data: a\n\n")}
+	b = &detachingBody{body: short, clk: clk, after: clk.Now().Add(time.Hour)}
+	if got, err := io.ReadAll(b); string(got) != "data: a\n\n" || err != nil || b.handedOff {
+		t.Fatalf("a short answer: %q, %v, handed off %v", got, err, b.handedOff)
+	}
+	b.Close()
+	if short.closed != 1 {
+		t.Fatal("a short answer was not closed")
+	}
+}
+
+type closeCounter struct {
+	io.Reader
+	closed int
+}
+
+func (c *closeCounter) Close() error { c.closed++; return nil }
+
+// A stream shorter than limits.detachAfter is copied by the server from
+// its head to its end, and its connection serves the next request as any
+// other; past it, the stream is detached at its next event.
+func TestStreamDetachedOnlyPastDetachAfter(t *testing.T) {
+	up := newSSEUpstream(t)
+	hour := config.Duration(time.Hour)
+	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	_, br := openStream(t, addr)
+	for i := range 3 {
+		up.step <- fmt.Sprint("event-", i)
+		if got := readEvent(t, br); got != fmt.Sprint("event-", i) {
+			t.Fatalf("event %d: %q", i, got)
+		}
+	}
+	if n := g.streams.Len(); n != 0 {
+		t.Fatalf("%d streams detached before detachAfter", n)
+	}
+	close(up.step)
+	if got := readEvent(t, br); got != "[DONE]" {
+		t.Fatalf("last event %q", got)
+	}
+}
+
+// A client that leaves a stream still waiting to be detached ends its
+// upstream request at once, as the server notices, and its wait: a wait
+// left counted would, in time, detach every stream at its first event.
+func TestClientLeavesAStreamWaitingToDetach(t *testing.T) {
+	up := newSSEUpstream(t)
+	hour := config.Duration(time.Hour)
+	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	resp, _ := openStream(t, addr)
+	if n := g.streams.waiting.Load(); n != 1 {
+		t.Fatalf("%d streams waiting to be detached, want 1", n)
+	}
+	resp.Body.Close()
+	select {
+	case <-up.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream request outlived its client")
+	}
+	waitFor(t, "the wait ends with the stream", func() bool { return g.streams.waiting.Load() == 0 })
+}
+
+// Past maxWaitingToDetach streams the server copies while they wait to be
+// detached, a new one is detached at its first event: a flash crowd of
+// streams holds the memory of detached ones.
+func TestStreamsDetachedAtOnceWhenManyWait(t *testing.T) {
+	up := newSSEUpstream(t)
+	hour := config.Duration(time.Hour)
+	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	g.streams.maxWaiting = 1
+	_, first := openStream(t, addr)
+	up.step <- "event-0"
+	if got := readEvent(t, first); got != "event-0" || g.streams.Len() != 0 {
+		t.Fatalf("the first stream: event %q, %d detached; want it copied by the server", got, g.streams.Len())
+	}
+	// The first waits for its hour; the second finds the wait full.
+	_, second := openStream(t, addr)
+	waitDetached(t, g)
+	close(up.step)
+	for i, br := range []*bufio.Reader{first, second} {
+		if got := readEvent(t, br); got != "[DONE]" {
+			t.Fatalf("stream %d: last event %q", i, got)
+		}
+	}
+}
+
+// A request a client pipelined behind a stream, read by the server with
+// the stream's (the hijack takes them from its reader), is answered on
+// the same connection once the detached stream ends: the head the server
+// wrote promised keep-alive.
+func TestPipelinedRequestAfterADetachedStream(t *testing.T) {
+	up := newSSEUpstream(t)
+	g, addr := detachGateway(t, up.URL)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	stream := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := io.WriteString(conn, stream+"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := bufio.NewReader(resp.Body)
+	if got := readEvent(t, events); got != "first" {
+		t.Fatalf("first event %q", got)
+	}
+	waitDetached(t, g)
+	close(up.step)
+	if got := readEvent(t, events); got != "[DONE]" {
+		t.Fatalf("last event %q", got)
+	}
+	io.Copy(io.Discard, events)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	next, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the pipelined request's answer: %v", err)
+	}
+	if got, _ := io.ReadAll(next.Body); next.StatusCode != 200 || !strings.Contains(string(got), sim.DefaultModel) {
+		t.Fatalf("the pipelined request: status %d, %q", next.StatusCode, got)
 	}
 }
 

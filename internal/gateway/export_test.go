@@ -9,12 +9,12 @@ import (
 // What the external test package's benchmarks share with this package's:
 // the held SSE upstream, the raw stream opener, nginx and /proc readers.
 
-// HeldStream is heldStream: an SSE answer of one event, held until
+// HeldStream is heldStream: an SSE answer of two events, held until
 // release closes.
 func HeldStream(release <-chan struct{}) http.Handler { return heldStream(release) }
 
 // OpenStreams is openStreams: n streams opened at target, each past its
-// first event.
+// first two events.
 func OpenStreams(target string, n int) ([]net.Conn, error) { return openStreams(target, n) }
 
 // RaiseFileLimit is raiseFileLimit.
@@ -43,3 +43,6 @@ func WatchedHopConns(g *Gateway) int {
 func OwnInFlight(g *Gateway, site, model string) float64 {
 	return g.service.Served(site, model).InFlight()
 }
+
+// WaitAllDetached is waitAllDetached: until g copies n detached streams.
+func WaitAllDetached(b *testing.B, g *Gateway, n int) { waitAllDetached(b, g, n) }

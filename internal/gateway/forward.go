@@ -295,43 +295,50 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 	}
 	tw := &trackingWriter{ResponseWriter: w}
 	buffer := &copyBuffer{ans: ans}
-	// An answer that may be detached (detach.go) outlives this handler,
-	// and so must its upstream request: its context is the client's
-	// without the client's end, cancelled when the client leaves while
-	// the handler runs, and by the detached stream after. Only a request
-	// that asks for a stream pays for that context.
+	// A stream ends with the terminal event when a drain runs out of time
+	// while it is copied here (InterruptStreams); once detached
+	// (detach.go), its stream set ends it so. An answer that may be
+	// detached outlives this handler, and so must its upstream request:
+	// its context is the client's without the client's end, cancelled
+	// when the client leaves while the handler runs, and by the detached
+	// stream after. Only a request that asks for a stream pays for these
+	// contexts.
 	outCtx := r.Context()
 	var via *rejoinListener
-	if out.stream && g.cfg.Load().Limits.Detach() {
-		via = detachVia(r)
+	var detachAfter time.Duration
+	if limits := &g.cfg.Load().Limits; out.stream && limits.Detach() {
+		via, detachAfter = detachVia(r), limits.DetachDelay()
 	}
-	if out.stream && via == nil {
-		// A stream this server copies itself ends with the terminal
-		// event when a drain runs out of time (InterruptStreams).
-		ctx, cancel := context.WithCancelCause(outCtx)
-		stop := context.AfterFunc(g.stopping, func() { cancel(errShutdown) })
-		defer func() { stop(); cancel(nil) }()
-		outCtx = ctx
-	}
-	var stopWatch func() bool
 	var cancelOut context.CancelFunc
-	// stopWaiting, once the upstream's headers are in, stops a drain past
-	// its deadline from cancelling a stream that will detach: until then
-	// the request is cancelled and answered errShuttingDown, where the
-	// server closing its connection would leave the client an EOF.
-	stopWaiting := func() bool { return false }
-	if via != nil {
-		outCtx, cancelOut = context.WithCancel(context.WithoutCancel(r.Context()))
-		stopWatch = context.AfterFunc(r.Context(), cancelOut)
-		stopWaiting = context.AfterFunc(g.stopping, cancelOut)
+	stopDrain, stopWatch := func() bool { return false }, func() bool { return false }
+	if out.stream {
+		base := outCtx
+		if via != nil {
+			base = context.WithoutCancel(outCtx)
+		}
+		ctx, cancel := context.WithCancelCause(base)
+		outCtx, cancelOut = ctx, func() { cancel(nil) }
+		stopDrain = context.AfterFunc(g.stopping, func() { cancel(errShutdown) })
+		if via != nil {
+			stopWatch = context.AfterFunc(r.Context(), cancelOut)
+		}
 		defer func() {
-			stopWaiting()
 			if ans.detached == nil {
+				stopDrain()
 				stopWatch()
 				cancelOut()
 			}
 		}()
 	}
+	// handoff is the answer's body while its stream waits to be detached;
+	// the wait ends with this attempt, however it ends (the proxy panics
+	// when the client leaves mid-copy).
+	var handoff *detachingBody
+	defer func() {
+		if handoff != nil {
+			g.streams.waited()
+		}
+	}()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			if outCtx != r.Context() {
@@ -348,7 +355,6 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		FlushInterval: 0, // ReverseProxy flushes every write of a stream or an answer of unknown length itself
 		BufferPool:    buffer,
 		ModifyResponse: func(resp *http.Response) error {
-			stopWaiting()
 			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
 				return errNotDelivered
 			}
@@ -371,21 +377,12 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 				watch: &upstreamWatch{g: g, c: c, began: began, ans: ans, cost: x.cost},
 				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK}
 			if via != nil && ans.stream && detachable(resp) {
-				if s := detach(tw, resp, g.streams, via, outCtx, cancelOut); s != nil {
-					stopWatch()
-					ans.detached = s
-					resp.Body = http.NoBody // ReverseProxy closes it
-					tw.release()
-					return errDetached
-				}
+				handoff = &detachingBody{body: resp.Body, resp: resp, clk: g.clk, after: g.clk.Now().Add(g.streams.waitToDetach(detachAfter))}
+				resp.Body = handoff
 			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
-			if errors.Is(err, errDetached) {
-				result = delivered
-				return
-			}
 			if g.stopping.Err() != nil && r.Context().Err() == nil && !tw.wrote {
 				// A drain past its deadline cancelled the request before
 				// any answer: the client is told to retry, and the
@@ -411,7 +408,44 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		},
 	}
 	rp.ServeHTTP(tw, r)
+	if handoff == nil || !handoff.handedOff {
+		return result
+	}
+	// The stream has run for detachAfter: the proxy wrote its head and
+	// its events so far, and left the rest of the body to be detached.
+	if s := handoff.detach(tw, g.streams, via, outCtx, cancelOut); s != nil {
+		// The stream set ends it at a drain, and the client's leaving
+		// is seen when a write to it fails: the handler's end, which
+		// cancels r's context, must not end it.
+		stopDrain()
+		stopWatch()
+		ans.detached = s
+		tw.release()
+		return delivered
+	}
+	copyAttached(tw, handoff.body)
 	return result
+}
+
+// copyAttached copies the rest of a stream the server would not give up
+// (detach), as the proxy does: each read written and flushed at once.
+func copyAttached(w http.ResponseWriter, body io.ReadCloser) {
+	defer body.Close()
+	buf := streamBuffers.Get().(*[]byte)
+	defer streamBuffers.Put(buf)
+	rc := http.NewResponseController(w)
+	for {
+		n, err := body.Read(*buf)
+		if n > 0 {
+			if _, werr := w.Write((*buf)[:n]); werr != nil {
+				return
+			}
+			rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // upstreamFailure classifies a failed attempt, the reason label of

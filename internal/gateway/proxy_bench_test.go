@@ -236,7 +236,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	defer simSrv.Close()
 	// The gateway serves as `grid gateway` does: its own server on a
 	// guarded client listener, so its streams are detached (detach.go).
-	gwAddr, stop := serveStreamGateway(b, simSrv.URL, 4096)
+	_, gwAddr, stop := serveStreamGateway(b, simSrv.URL, 4096)
 	defer stop()
 	targets := []struct{ name, url string }{{"direct", simSrv.URL}, {"gateway", "http://" + gwAddr}}
 	if u := startNginx(b, simSrv.URL); u != "" {

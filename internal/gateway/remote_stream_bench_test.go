@@ -39,12 +39,12 @@ func BenchmarkRemoteStreamMemory(b *testing.B) {
 	defer held.releaseAll()
 	upLn, upstream := listenAny(b)
 	serve(b, upLn, held, nil)
-	entry := startRemoteStreamGrid(b, upstream)
+	entryGateway, entry := startRemoteStreamGrid(b, upstream)
 	for _, n := range []int{2000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			for range b.N {
-				direct, stackDirect := heldStreamsMemory(b, held, upstream, n, "")
-				through, stackThrough := heldStreamsMemory(b, held, entry, n, os.Getenv("STREAM_HEAP_PROFILE"))
+				direct, stackDirect := heldStreamsMemory(b, held, nil, upstream, n, "")
+				through, stackThrough := heldStreamsMemory(b, held, entryGateway, entry, n, os.Getenv("STREAM_HEAP_PROFILE"))
 				b.ReportMetric(float64(through-direct)/float64(n), "B/stream")
 				b.ReportMetric(float64(stackThrough-stackDirect)/float64(n), "stack-B/stream")
 				if growth := nginxChainGrowth(b, held, upstream, n); growth > 0 {
@@ -59,9 +59,9 @@ func BenchmarkRemoteStreamMemory(b *testing.B) {
 // default model sends its requests to upstream (and is scraped from a
 // sim, idle, for its load), and "entry", which serves another model only,
 // so every request for the default model it takes goes over the hop to
-// exit. It returns the entry gateway's client address once a stream
-// through it has reached upstream.
-func startRemoteStreamGrid(b *testing.B, upstream string) string {
+// exit. It returns the entry gateway and its client address once a
+// stream through it has reached upstream.
+func startRemoteStreamGrid(b *testing.B, upstream string) (*gateway.Gateway, string) {
 	dir := b.TempDir()
 	identity.Init(dir, "grid.internal", time.Now())
 	type site struct {
@@ -79,6 +79,7 @@ func startRemoteStreamGrid(b *testing.B, upstream string) string {
 			st.lns[l.key], *l.addr = listenAny(b)
 		}
 	}
+	var entryGateway *gateway.Gateway
 	for i, st := range sites {
 		peer := sites[1-i]
 		_, metrics := startCachingSim(b, 8)
@@ -92,6 +93,9 @@ func startRemoteStreamGrid(b *testing.B, upstream string) string {
 		// shed them.
 		gw := startBenchGateway(b, st.name, fmt.Sprintf("site: %s\n%slisten: %q\nhop: {listen: %q}\nmetrics: {listen: '127.0.0.1:0'}\noperator: {signals: 'https://%s'}\npollInterval: 200ms\nlimits: {clientConns: 20000}\n",
 			st.name, benchTLS(dir, st.name), st.client, st.hop, st.signals), id)
+		if st.name == "entry" {
+			entryGateway = gw
+		}
 		for which, conf := range map[gateway.Listener]*tls.Config{gateway.ClientListener: nil, gateway.HopListener: gateway.HopTLS(id)} {
 			srv := gw.Server(which, nil)
 			go srv.Serve(gw.Guard(which, st.lns[which.String()], conf))
@@ -105,7 +109,7 @@ func startRemoteStreamGrid(b *testing.B, upstream string) string {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK && resp.Header.Get("X-Grid-Site") == "exit" {
-				return entry
+				return entryGateway, entry
 			}
 		}
 		if time.Now().After(deadline) {
@@ -115,16 +119,20 @@ func startRemoteStreamGrid(b *testing.B, upstream string) string {
 }
 
 // heldStreamsMemory opens n streams at target, waits for each one's first
-// event, and returns the heap and stack bytes in use with them open, after
+// two events (and, through the entry gateway g, for each to be detached),
+// and returns the heap and stack bytes in use with them open, after
 // a collection (and writes the heap profile to profile, when named). It
 // closes them before it returns and waits for the process's goroutines to
 // settle, so the next measurement starts from the same floor.
-func heldStreamsMemory(b *testing.B, held *heldUpstream, target string, n int, profile string) (total, stacks uint64) {
+func heldStreamsMemory(b *testing.B, held *heldUpstream, g *gateway.Gateway, target string, n int, profile string) (total, stacks uint64) {
 	before := runtime.NumGoroutine()
 	conns, err := gateway.OpenStreams(target, n)
 	defer closeAndSettle(held, conns, before)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if g != nil {
+		gateway.WaitAllDetached(b, g, n)
 	}
 	runtime.GC()
 	runtime.GC()

@@ -82,12 +82,13 @@ func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks, rss int64)
 	upstreamURL := "http://" + strings.TrimSpace(addr)
 
 	var target string
+	var g *Gateway
 	var before runtime.MemStats
 	var rssBefore int64
 	switch via {
 	case "gateway":
 		var stop func()
-		target, stop = serveStreamGateway(b, upstreamURL, n)
+		g, target, stop = serveStreamGateway(b, upstreamURL, n)
 		defer stop()
 		// Memory an earlier run freed goes back to the system first, so
 		// the resident growth is this run's.
@@ -107,6 +108,9 @@ func holdStreamsApart(b *testing.B, n int, via string) (heap, stacks, rss int64)
 	line, err := out.ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
 		b.Fatalf("clients helper: %q %v", line, err)
+	}
+	if g != nil {
+		waitAllDetached(b, g, n)
 	}
 	if via == "nginx" {
 		rss = nginxRSS() - rssBefore

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grid-inference/grid/internal/config"
 	"github.com/grid-inference/grid/internal/sim"
 )
 
@@ -120,7 +121,8 @@ func raiseFileLimit() {
 }
 
 // holdStreams opens n streams (straight, or via "gateway" or "nginx"),
-// waits until each received its first event, and returns the heap and
+// waits until each received its first two events (and, through the
+// gateway, was detached), and returns the heap and
 // stack bytes in use with them open, after a collection, and for nginx the
 // growth of its resident memory.
 func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGrowth int64) {
@@ -144,9 +146,10 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 		nginxBefore = nginxRSS()
 	}
 	viaGateway := via == "gateway"
+	var g *Gateway
 	if viaGateway {
 		var stop func()
-		target, stop = serveStreamGateway(b, "http://"+target, n)
+		g, target, stop = serveStreamGateway(b, "http://"+target, n)
 		defer stop()
 	}
 	conns, err := openStreams(target, n)
@@ -157,6 +160,9 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 	}()
 	if err != nil {
 		b.Fatal(err)
+	}
+	if g != nil {
+		waitAllDetached(b, g, n)
 	}
 	if via == "nginx" {
 		nginxGrowth = nginxRSS() - nginxBefore
@@ -175,14 +181,28 @@ func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGr
 	return ms.HeapInuse + ms.StackInuse, ms.StackInuse, nginxGrowth
 }
 
-// heldStream is the benchmarks' upstream: an SSE answer that sends one
-// event and holds until release is closed or the caller leaves.
+// heldSecondEvent is when a held stream sends its second event: past
+// limits.detachAfter's default, so that a gateway detaches the stream
+// at it, as it would a stream of an engine that has run that long.
+const heldSecondEvent = config.DefaultDetachAfter + 100*time.Millisecond
+
+// heldStream is the benchmarks' upstream: an SSE answer that sends an
+// event, another heldSecondEvent later, and holds until release is
+// closed or the caller leaves.
 func heldStream(release <-chan struct{}) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		event := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
+		io.WriteString(w, event)
 		w.(http.Flusher).Flush()
+		select {
+		case <-time.After(heldSecondEvent):
+			io.WriteString(w, event)
+			w.(http.Flusher).Flush()
+		case <-release:
+		case <-r.Context().Done():
+		}
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -192,7 +212,8 @@ func heldStream(release <-chan struct{}) http.Handler {
 }
 
 // openStreams opens n streaming completions at target and returns once
-// each has received its first event, or with the first failure. The
+// each has received its first two events (heldStream), or with the first
+// failure. The
 // connections it opened are returned either way, for the caller to close.
 func openStreams(target string, n int) ([]net.Conn, error) {
 	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
@@ -213,14 +234,14 @@ func openStreams(target string, n int) ([]net.Conn, error) {
 			io.WriteString(c, req)
 			c.SetReadDeadline(time.Now().Add(120 * time.Second))
 			r := bufio.NewReaderSize(c, 512)
-			for {
+			for events := 0; events < 2; {
 				line, err := r.ReadString('\n')
 				if err != nil {
 					errs <- err
 					return
 				}
 				if strings.HasPrefix(line, "data: ") {
-					return
+					events++
 				}
 			}
 		}()
@@ -228,15 +249,57 @@ func openStreams(target string, n int) ([]net.Conn, error) {
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return conns, fmt.Errorf("a stream ended before its first event: %w", err)
+		return conns, fmt.Errorf("a stream ended before its second event: %w", err)
 	}
 	return conns, nil
 }
 
+// waitAllDetached waits until each of n streams g holds is detached or
+// waits to be: one detached at its second event (heldStream) is counted
+// just after its client has that event, and one whose head reached the
+// gateway late, under the load of n opening at once, reads its second
+// event within limits.detachAfter and, sent nothing after, stays with
+// the server, as a silent stream would (at most maxWaitingToDetach).
+func waitAllDetached(b *testing.B, g *Gateway, n int) {
+	b.Helper()
+	held := func() int { return g.streams.Len() + int(g.streams.waiting.Load()) }
+	for deadline := time.Now().Add(30 * time.Second); held() < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("after 30 s, %d of %d streams detached and %d waiting; the gateway's ends and errors: %s",
+				g.streams.Len(), n, g.streams.waiting.Load(), endsAndErrors(g))
+		}
+	}
+}
+
+// endsAndErrors is what g counted of requests that ended, failed or were
+// shed, for a benchmark that lost some.
+func endsAndErrors(g *Gateway) string {
+	mfs, err := g.m.reg.Gather()
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "grid_gateway_request_duration_seconds", "grid_gateway_upstream_errors_total", "grid_gateway_connections_shed_total", "grid_gateway_streams_ended_early_total":
+		default:
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			v := m.GetCounter().GetValue()
+			if h := m.GetHistogram(); h != nil {
+				v = float64(h.GetSampleCount())
+			}
+			out = append(out, fmt.Sprintf("%s%v %g", mf.GetName(), m.GetLabel(), v))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
 // serveStreamGateway serves a benchmark gateway in front of upstream,
 // admitting n client connections (the default 4,096 would shed the rest),
-// and returns its address and what stops it.
-func serveStreamGateway(b *testing.B, upstream string, n int) (string, func()) {
+// and returns it, its address and what stops it.
+func serveStreamGateway(b *testing.B, upstream string, n int) (*Gateway, string, func()) {
 	g := benchGateway(b, upstream)
 	cfg := *g.cfg.Load()
 	cfg.Limits.ClientConns = n + 100
@@ -247,7 +310,7 @@ func serveStreamGateway(b *testing.B, upstream string, n int) (string, func()) {
 	}
 	srv := g.Server(ClientListener, nil)
 	go srv.Serve(g.Guard(ClientListener, ln, nil))
-	return ln.Addr().String(), func() {
+	return g, ln.Addr().String(), func() {
 		srv.Close()
 		g.Close()
 	}
