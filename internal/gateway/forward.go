@@ -115,15 +115,21 @@ tries:
 
 // forwardCounted is forward for an attempt counted in sv (Served.Begin):
 // when the proxy aborts the handler (it panics with http.ErrAbortHandler
-// when the client leaves while the answer is copied), the attempt's count
-// ends on the way out, which the code after forward never reaches. A
-// count left behind would read the site as holding the request for good
+// when the client leaves while the answer is copied, or the upstream
+// breaks an answer that is not an event stream), the attempt's count ends
+// on the way out, which the code after forward never reaches, and the
+// request's outcome says which of the two it was. A count left behind
+// would read the site as holding the request for good
 // (TestClientCutEndsItsCount).
 func (x *exchange) forwardCounted(c *route.Candidate, began time.Time, ans *answer, sv *route.Served) attempt {
 	returned := false
 	defer func() {
 		if !returned {
 			sv.End(x.g.timeline.NowMs())
+			x.aborted = "client_gone"
+			if ans.failure != "" {
+				x.aborted = "upstream_error"
+			}
 		}
 	}()
 	result := x.forward(c, began, ans)
@@ -549,7 +555,10 @@ func (u *upstreamWatch) firstByte() {
 	}
 }
 
-func (u *upstreamWatch) failed(err error) { u.g.upstreamFailed(u.c, upstreamStream, err, u.began) }
+func (u *upstreamWatch) failed(err error) {
+	u.ans.failure = upstreamStream
+	u.g.upstreamFailed(u.c, upstreamStream, err, u.began)
+}
 
 func (u *upstreamWatch) ended(e streamEnd) {
 	u.g.m.streamsEndedEarly.WithLabelValues(u.c.Site, string(e)).Inc()

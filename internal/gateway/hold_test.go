@@ -130,6 +130,10 @@ func TestClientCutEndsItsCount(t *testing.T) {
 			cut()
 			<-done
 			waitUntil(t, 5*time.Second, "the cut stream leaves the count", func() bool { return count() == 0 })
+			gone := func() float64 {
+				return metric(east.gw.MetricsHandler(), "grid_gateway_request_duration_seconds_count", `outcome="client_gone"`)
+			}
+			waitUntil(t, 5*time.Second, "the cut stream counted as its client's leaving", func() bool { return gone() == 1 })
 		})
 	}
 }

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/grid-inference/grid/internal/affinity"
 	"github.com/grid-inference/grid/internal/config"
@@ -501,6 +503,44 @@ func TestSessionBoundBeforeTheAnswer(t *testing.T) {
 		resp.Body.Close()
 		if _, found := g.sessions.Lookup(sim.DefaultModel+"\x00"+key, g.clk.Now().UnixMilli()); found != affinity.Found {
 			t.Fatalf("request %d: the client had read its answer before its session was bound", n)
+		}
+	}
+}
+
+// An answer of known length that its upstream breaks mid-body reaches its
+// client cut (the proxy aborts the handler; the head may not have gone
+// out), and the request is counted as the upstream's failure, not as
+// routed.
+func TestAnswerCutByItsUpstreamIsCountedSo(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", "1000")
+		io.WriteString(w, `{"choices":[`)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection breaks, the answer unfinished
+	}))
+	defer up.Close()
+	g := benchGateway(t, up.URL)
+	defer g.Close()
+	srv := httptest.NewServer(g.ClientHandler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+sim.DefaultModel+`","max_tokens":1}`))
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Fatal("the cut answer read as whole")
+	}
+	outcomes := func(outcome string) uint64 {
+		m := &dto.Metric{}
+		g.m.duration.WithLabelValues(outcome).(prometheus.Histogram).Write(m)
+		return m.GetHistogram().GetSampleCount()
+	}
+	for deadline := time.Now().Add(5 * time.Second); outcomes("upstream_error") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("outcomes: upstream_error %d, routed %d, client_gone %d; want the upstream's failure",
+				outcomes("upstream_error"), outcomes("routed"), outcomes("client_gone"))
 		}
 	}
 }

@@ -312,6 +312,9 @@ type exchange struct {
 	// holder is the request's place in its model's hold line until its
 	// first attempt has begun (hold.go); nil when it was not held.
 	holder *holder
+	// aborted is the outcome of an attempt the proxy aborted mid-answer
+	// (forwardCounted); empty otherwise.
+	aborted string
 }
 
 // serveAPI answers one OpenAI API request: read the body, find the model,
@@ -333,6 +336,9 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	var stream *detachedStream
 	defer func() {
 		if stream == nil {
+			if x.aborted != "" {
+				outcome = x.aborted // the proxy's panic skipped the rest
+			}
 			observe(outcome)
 		}
 	}()
