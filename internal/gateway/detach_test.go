@@ -625,6 +625,28 @@ func TestDetachingBody(t *testing.T) {
 	}
 }
 
+// A writer the server will not give up (no Hijack): nothing is detached,
+// the detach is not left counted, and the rest of the answer is copied
+// through the writer.
+func TestStreamNotDetachedWhereTheServerKeepsIt(t *testing.T) {
+	rec := httptest.NewRecorder()
+	rec.WriteHeader(http.StatusOK)
+	rec.WriteString("data: a\n\n")
+	answer := &closeCounter{Reader: strings.NewReader("data: b\n\ndata: [DONE]\n\n")}
+	b := &detachingBody{body: answer, resp: &http.Response{}, handedOff: true}
+	set := newStreamSet()
+	if s := b.detach(rec, set, nil, context.Background(), func() {}); s != nil {
+		t.Fatal("detached from a writer with no Hijack")
+	}
+	if set.busy() {
+		t.Fatal("a detach that failed is still counted: a drain would wait for it")
+	}
+	copyAttached(rec, answer)
+	if got := rec.Body.String(); got != "data: a\n\ndata: b\n\ndata: [DONE]\n\n" || answer.closed != 1 {
+		t.Fatalf("the client got %q, the answer closed %d times", got, answer.closed)
+	}
+}
+
 type closeCounter struct {
 	io.Reader
 	closed int
