@@ -1234,8 +1234,14 @@ func TestClaimedProvidersShareOneFloor(t *testing.T) {
 // demonstrated) and hostile, a remote site listed first that claims
 // claimed idle providers, all read at 2000 ms.
 func hostileWorld(t *testing.T, ageAware bool, claimed int) (*world, *Snapshot) {
+	return hostileWorldDrawn(t, ageAware, false, claimed)
+}
+
+// hostileWorldDrawn is hostileWorld, drawing by share alone when shareOnly
+// (AgeAwareOptions.ShareOnly).
+func hostileWorldDrawn(t *testing.T, ageAware, shareOnly bool, claimed int) (*world, *Snapshot) {
 	w := newWorld(t)
-	w.ageAware, w.meanMs = ageAware, 1000
+	w.ageAware, w.shareOnly, w.meanMs = ageAware, shareOnly, 1000
 	w.served = map[string]*Served{"west": {}, "hostile": {}}
 	publish := func(site, provider string, at int64, running float64) {
 		w.publish(site, at, obs{running: running, queue: f(0), provider: provider})
@@ -1339,6 +1345,16 @@ func TestContradictedClaimsAreReadByObservation(t *testing.T) {
 	}
 	if got := shares(fresh.build(2000), 24)["hostile"]; got > 0 {
 		t.Errorf("a site holding 12 of this gateway's requests on a claimed 8 draws %.2f", got)
+	}
+	// The own count decided there, reading what the gateway holds by
+	// itself; the draw by share, which decides while the gateway holds
+	// fewer than ownInformed, reads the site as full too.
+	byShare, _ := hostileWorldDrawn(t, true, true, 64)
+	for range 12 {
+		byShare.served["hostile"].Begin(1500)
+	}
+	if got := shares(byShare.build(2000), 24)["hostile"]; got > 0 {
+		t.Errorf("drawn by share, a site holding 12 of this gateway's requests on a claimed 8 draws %.2f", got)
 	}
 
 	w, snap := hostileWorld(t, true, 64)
