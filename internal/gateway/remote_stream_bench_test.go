@@ -119,9 +119,9 @@ func startRemoteStreamGrid(b *testing.B, upstream string) (*gateway.Gateway, str
 }
 
 // heldStreamsMemory opens n streams at target, waits for each one's first
-// two events (and, through the entry gateway g, for each to be detached),
-// and returns the heap and stack bytes in use with them open, after
-// a collection (and writes the heap profile to profile, when named). It
+// two events (and, through the entry gateway g, for each to be detached
+// or wait to be), and returns the heap and stack bytes in use with them
+// open, after a collection (and writes the heap profile to profile, when named). It
 // closes them before it returns and waits for the process's goroutines to
 // settle, so the next measurement starts from the same floor.
 func heldStreamsMemory(b *testing.B, held *heldUpstream, g *gateway.Gateway, target string, n int, profile string) (total, stacks uint64) {

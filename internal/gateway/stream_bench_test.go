@@ -122,8 +122,8 @@ func raiseFileLimit() {
 
 // holdStreams opens n streams (straight, or via "gateway" or "nginx"),
 // waits until each received its first two events (and, through the
-// gateway, was detached), and returns the heap and
-// stack bytes in use with them open, after a collection, and for nginx the
+// gateway, was detached or waits to be), and returns the heap and stack
+// bytes in use with them open, after a collection, and for nginx the
 // growth of its resident memory.
 func holdStreams(b *testing.B, n int, via string) (total, stacks uint64, nginxGrowth int64) {
 	b.Helper()
@@ -213,8 +213,8 @@ func heldStream(release <-chan struct{}) http.Handler {
 
 // openStreams opens n streaming completions at target and returns once
 // each has received its first two events (heldStream), or with the first
-// failure. The
-// connections it opened are returned either way, for the caller to close.
+// failure. The connections it opened are returned either way, for the
+// caller to close.
 func openStreams(target string, n int) ([]net.Conn, error) {
 	body := `{"model":"` + sim.DefaultModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
