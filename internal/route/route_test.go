@@ -1059,6 +1059,95 @@ func TestAgeAwareOwnSendsDecay(t *testing.T) {
 	}
 }
 
+// A reading arrives a poll's age after its instant: the sends made in
+// between are not in it, and stay counted when it comes. A burst of six
+// sent to two idle sites is spread; a reading taken just before the burst
+// shows both idle; the next picks, drawn by share (six held is fewer
+// than ownInformed), still see a holding what it was sent.
+func TestOwnSendsAfterAReadingsInstantOutliveIt(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	w.ageAware, w.meanMs = true, 10_000 // long requests: the sends stay in flight
+	w.served = map[string]*Served{"a": {}, "b": {}}
+	w.publish("a", 1000, obs{running: 8, queue: f(0)}) // teach both 8
+	w.publish("b", 1000, obs{running: 8, queue: f(0)})
+	w.build(1000)
+	w.publish("a", 2000, obs{running: 0, queue: f(0)})
+	w.publish("b", 2000, obs{running: 0, queue: f(0)})
+	snap := w.build(2000)
+	sent := map[string]int{}
+	for k := range uint64(6) {
+		p := snap.Pick("m", k, 2500)
+		sent[p.Candidate.Site]++
+		w.served[p.Candidate.Site].Begin(2500)
+	}
+	// What the picks add to each site's board: its own sends in flight.
+	own := func(snap *Snapshot, site string) float64 {
+		pk := snap.picker.(*ageAwarePicker)
+		for i := range snap.Candidates {
+			if c := &snap.Candidates[i]; c.Site == site {
+				return pk.cands[i].ownInFlight(c, 2800, 0) * c.Ceiling
+			}
+		}
+		return -1
+	}
+	// The readings taken at 2400, before the burst, arrive at 2600.
+	w.publish("a", 2400, obs{running: 0, queue: f(0)})
+	w.publish("b", 2400, obs{running: 0, queue: f(0)})
+	snap = w.build(2600)
+	for _, site := range []string{"a", "b"} {
+		// 300 ms of a 10 s mean duration drain 3% of them.
+		if got, n := own(snap, site), float64(sent[site]); got < 0.95*n || got > n {
+			t.Errorf("%s, sent %d after its reading's instant: its own sends read %.3f", site, sent[site], got)
+		}
+	}
+	// Taken after the burst, a reading counts the sends itself.
+	w.publish("a", 2700, obs{running: float64(sent["a"]), queue: f(0)})
+	w.publish("b", 2700, obs{running: float64(sent["b"]), queue: f(0)})
+	snap = w.build(2800)
+	for _, site := range []string{"a", "b"} {
+		if got := own(snap, site); got != 0 {
+			t.Errorf("%s, read holding its %d: its own sends read %.3f more (counted twice)", site, sent[site], got)
+		}
+	}
+}
+
+// carry keeps a counter's sends made after the newer reading's instant,
+// as one estimate at the latest of them, and none made before it.
+func TestSendCounterCarry(t *testing.T) {
+	var nilCounter *sendCounter
+	if got := nilCounter.carry(1000).inFlight(1000, 1000, 0, 8); got != 0 {
+		t.Fatalf("nothing to carry: %v", got)
+	}
+	o := &sendCounter{readingAt: 1000}
+	for _, at := range []int64{1100, 1200, 1600, 1700} {
+		o.add(at, 1_000_000, 0, 8, 1)
+	}
+	o.add(1800, 1_000_000, 0, 8, 2.5) // a long prompt's weight
+	n := o.carry(1500)
+	if n.readingAt != 1500 {
+		t.Fatalf("readingAt %d", n.readingAt)
+	}
+	if got := n.inFlight(1800, 1_000_000, 0, 8); math.Abs(got-4.5) > 1e-6 {
+		t.Errorf("carried %v, want the three sends after 1500, weighing 4.5", got)
+	}
+	if got := o.carry(1800).inFlight(1800, 1_000_000, 0, 8); got != 0 {
+		t.Errorf("a reading after every send carried %v", got)
+	}
+	// The reading after, taken at 1650, counts the send at 1600 and not
+	// the two after it, carried twice.
+	if got := n.carry(1650).inFlight(1800, 1_000_000, 0, 8); math.Abs(got-3.5) > 1e-6 {
+		t.Errorf("carried again %v, want the two sends after 1650, weighing 3.5", got)
+	}
+	// Past the ring, the latest sendRing sends are kept.
+	many := &sendCounter{readingAt: 0}
+	for at := range int64(3 * sendRing) {
+		many.add(100+at, 1_000_000, 0, 1000, 1)
+	}
+	if got := many.carry(50).inFlight(100+3*sendRing, 1_000_000, 0, 1000); math.Abs(got-sendRing) > 1e-3 {
+		t.Errorf("carried %v of %d sends, want the latest %d", got, 3*sendRing, sendRing)
+	}
+}
+
 // TestOwnSendsDrainWithTheBacklog: sends to a site with a queue wait behind
 // it, so they do not complete while the queue stands; sends to a site with
 // free slots complete exponentially.
