@@ -187,6 +187,25 @@ func openStream(t *testing.T, addr string) (*http.Response, *bufio.Reader) {
 	return resp, br
 }
 
+// endStream has up end its answer, and checks the client's stream ends
+// with its [DONE].
+func endStream(t *testing.T, up *sseUpstream, br *bufio.Reader) {
+	t.Helper()
+	close(up.step)
+	if got := readEvent(t, br); got != "[DONE]" {
+		t.Fatalf("last event %q", got)
+	}
+}
+
+// waitingServer is detachServer with limits.detachAfter an hour: its
+// streams wait to be detached for longer than any test runs, unless more
+// than maxWaiting wait.
+func waitingServer(t *testing.T, upstream string) (*Gateway, string) {
+	hour := config.Duration(time.Hour)
+	g, _, addr := detachServerWith(t, upstream, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	return g, addr
+}
+
 // waitDetached waits until g holds one detached stream.
 func waitDetached(t *testing.T, g *Gateway) {
 	t.Helper()
@@ -232,10 +251,7 @@ func TestDetachedStreamLetsGoOfItsHandler(t *testing.T) {
 		runtime.GC()
 		return collected.Load() == 1
 	})
-	close(up.step)
-	if got := readEvent(t, br); got != "[DONE]" {
-		t.Fatalf("last event %q", got)
-	}
+	endStream(t, up, br)
 }
 
 // TestDetachedStreamOverTLSKeepsItsConnection: the same on a client
@@ -303,10 +319,7 @@ func detachedStreamKeepsItsConnection(t *testing.T, g *Gateway, up *sseUpstream,
 				t.Fatalf("event %d: %q", i, got)
 			}
 		}
-		close(up.step)
-		if got := readEvent(t, br); got != "[DONE]" {
-			t.Fatalf("last event %q", got)
-		}
+		endStream(t, up, br)
 		if rest, err := io.ReadAll(br); err != nil || strings.TrimSpace(string(rest)) != "" {
 			t.Fatalf("after [DONE]: %q, %v (the chunked answer must end cleanly)", rest, err)
 		}
@@ -488,10 +501,7 @@ func TestStreamNotDetachedWhenConnectionCloses(t *testing.T) {
 	if n := g.streams.Len(); n != 0 {
 		t.Fatalf("%d streams detached, want none", n)
 	}
-	close(up.step)
-	if got := readEvent(t, br); got != "[DONE]" {
-		t.Fatalf("last event %q", got)
-	}
+	endStream(t, up, br)
 }
 
 // TestStreamNotDetachedWhenSwitchedOff: with limits.detachStreams false,
@@ -505,10 +515,7 @@ func TestStreamNotDetachedWhenSwitchedOff(t *testing.T) {
 	if n := g.streams.Len(); n != 0 {
 		t.Fatalf("detaching off: %d streams detached", n)
 	}
-	close(up.step)
-	if got := readEvent(t, br); got != "[DONE]" {
-		t.Fatalf("last event %q", got)
-	}
+	endStream(t, up, br)
 	on := *g.cfg.Load()
 	on.Limits.DetachStreams = nil
 	if err := g.Reload(&on); err != nil {
@@ -659,8 +666,7 @@ func (c *closeCounter) Close() error { c.closed++; return nil }
 // other; past it, the stream is detached at its next event.
 func TestStreamDetachedOnlyPastDetachAfter(t *testing.T) {
 	up := newSSEUpstream(t)
-	hour := config.Duration(time.Hour)
-	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	g, addr := waitingServer(t, up.URL)
 	_, br := openStream(t, addr)
 	for i := range 3 {
 		up.step <- fmt.Sprint("event-", i)
@@ -671,10 +677,7 @@ func TestStreamDetachedOnlyPastDetachAfter(t *testing.T) {
 	if n := g.streams.Len(); n != 0 {
 		t.Fatalf("%d streams detached before detachAfter", n)
 	}
-	close(up.step)
-	if got := readEvent(t, br); got != "[DONE]" {
-		t.Fatalf("last event %q", got)
-	}
+	endStream(t, up, br)
 }
 
 // A client that leaves a stream still waiting to be detached ends its
@@ -682,8 +685,7 @@ func TestStreamDetachedOnlyPastDetachAfter(t *testing.T) {
 // left counted would, in time, detach every stream at its first event.
 func TestClientLeavesAStreamWaitingToDetach(t *testing.T) {
 	up := newSSEUpstream(t)
-	hour := config.Duration(time.Hour)
-	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	g, addr := waitingServer(t, up.URL)
 	resp, _ := openStream(t, addr)
 	if n := g.streams.waiting.Load(); n != 1 {
 		t.Fatalf("%d streams waiting to be detached, want 1", n)
@@ -702,8 +704,7 @@ func TestClientLeavesAStreamWaitingToDetach(t *testing.T) {
 // streams holds the memory of detached ones.
 func TestStreamsDetachedAtOnceWhenManyWait(t *testing.T) {
 	up := newSSEUpstream(t)
-	hour := config.Duration(time.Hour)
-	g, _, addr := detachServerWith(t, up.URL, func(l *config.GatewayLimits) { l.DetachAfter = &hour })
+	g, addr := waitingServer(t, up.URL)
 	g.streams.maxWaiting = 1
 	_, first := openStream(t, addr)
 	up.step <- "event-0"
@@ -748,10 +749,7 @@ func TestPipelinedRequestAfterADetachedStream(t *testing.T) {
 		t.Fatalf("first event %q", got)
 	}
 	waitDetached(t, g)
-	close(up.step)
-	if got := readEvent(t, events); got != "[DONE]" {
-		t.Fatalf("last event %q", got)
-	}
+	endStream(t, up, events)
 	io.Copy(io.Discard, events)
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	next, err := http.ReadResponse(br, nil)
