@@ -113,8 +113,7 @@ type ageCandidate struct {
 //
 // A candidate keeps its own-send counter while its reading stays the same,
 // and gets a fresh one when a newer reading arrived, since that reading
-// includes the sends made before its instant; those made after it are
-// carried to the fresh counter (sendCounter.carry).
+// includes the sends.
 func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 	d := p.pace.MeanMs()
 	if d <= 0 {
@@ -168,7 +167,7 @@ func (p *AgeAware) prepare(snap *Snapshot, now int64) picker {
 		k := c.Key()
 		cnt := p.counters[k]
 		if cnt == nil || cnt.readingAt != c.latestAt {
-			cnt = cnt.carry(c.latestAt)
+			cnt = &sendCounter{readingAt: c.latestAt}
 			p.counters[k] = cnt
 		}
 		a.own = cnt

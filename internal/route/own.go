@@ -19,57 +19,10 @@ type sendCounter struct {
 	// state is the estimate's float32 bits above the last send's instant,
 	// in ms since readingAt.
 	state atomic.Uint64
-	// recent holds the latest sendRing sends one by one, each packed as
-	// state is (its weight, its instant), for the counter of the next
-	// reading (carry); next counts the sends, and places the next one.
-	recent [sendRing]atomic.Uint64
-	next   atomic.Uint32
-}
-
-// sendRing is how many of its latest sends a counter keeps one by one: a
-// reading arrives a poll's age after its instant, and the sends made in
-// between, which it cannot count, are carried to its counter (carry). A
-// gateway that sends more than this in a reading's age holds enough
-// requests for its own count to decide its picks (ownInformed), not this
-// estimate.
-const sendRing = 32
-
-func pack(estimate float64, atMs int64) uint64 {
-	return uint64(math.Float32bits(float32(estimate)))<<32 | uint64(uint32(atMs))
 }
 
 func (o *sendCounter) unpack(w uint64) (estimate float64, atMs int64) {
 	return float64(math.Float32frombits(uint32(w >> 32))), int64(uint32(w))
-}
-
-// carry returns the counter for a newer reading taken at readingAt (ms on
-// the store timeline): it starts with the sends o saw after that instant,
-// which the reading cannot count, as one estimate at the latest of them,
-// and keeps them one by one for the reading after (which may have been
-// taken before some of them); those before the instant are in the
-// reading. A nil o carries nothing. The snapshot's builder only; a send
-// that races it is left to o.
-func (o *sendCounter) carry(readingAt int64) *sendCounter {
-	n := &sendCounter{readingAt: readingAt}
-	if o == nil {
-		return n
-	}
-	sum, last, kept := 0.0, int64(0), uint32(0)
-	for i := range min(int(o.next.Load()), sendRing) {
-		w := o.recent[i].Load()
-		weight, rel := o.unpack(w)
-		if at := o.readingAt + rel - readingAt; at > 0 {
-			sum += weight
-			last = max(last, at)
-			n.recent[kept].Store(pack(weight, at))
-			kept++
-		}
-	}
-	n.next.Store(kept)
-	if sum > 0 {
-		n.state.Store(pack(sum, last))
-	}
-	return n
 }
 
 // since is nowMs relative to the reading, clamped to what the word holds.
@@ -104,9 +57,9 @@ func (o *sendCounter) add(nowMs int64, meanMs, load, capacity, weight float64) {
 		old := o.state.Load()
 		v, at := o.unpack(old)
 		next := decayed(v, rel-at, meanMs, load, capacity) + weight
-		if o.state.CompareAndSwap(old, pack(next, max(rel, at))) {
-			break
+		w := uint64(math.Float32bits(float32(next)))<<32 | uint64(uint32(max(rel, at)))
+		if o.state.CompareAndSwap(old, w) {
+			return
 		}
 	}
-	o.recent[(o.next.Add(1)-1)%sendRing].Store(pack(weight, rel))
 }
