@@ -213,6 +213,14 @@ type InferenceProviderSpec struct {
 	// ready (ProviderUnavailable) whatever its metrics say.
 	// +optional
 	Unavailable bool `json:"unavailable,omitempty"`
+	// MaxRunning is the most requests one ready unit of the provider (an
+	// endpoint of a pool, an engine) runs at once (vLLM's --max-num-seqs,
+	// SGLang's --max-running-requests). Relayed to every gateway, which
+	// then credits a unit with no more undemonstrated capacity than this.
+	// 0 relays what the engine declares, if anything.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MaxRunning int32 `json:"maxRunning,omitempty"`
 	// AccessPolicy restricts which peer sites may read the provider's
 	// signals and route to it; absent, every peer may.
 	// +optional

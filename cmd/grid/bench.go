@@ -39,6 +39,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	service := fs.String("service", "exp", "service times: exp, or lognormal[:SIGMA] (σ 1 by default)")
 	sizes := fs.String("sizes", "", "lognormal[:SIGMA]: service times lognormal of that σ (1 by default), each request's told to the gateways as its size (max_tokens), which the latency policy weighs its own sends by; in place of --service")
 	rtt := fs.Float64("rtt", 0, "the round trip, in mean request durations, from each gateway to every site but its own (gateway k's is site k mod the sites); 0: none, and no gateway has a site of its own")
+	declare := fs.Bool("declare", false, "each site's operator relays the most its engines run at once (slots over endpoints of 8), as one configured with maxRunning does; off, the gateways learn every limit from the readings")
 	scenario := fs.String("scenario", "none", "none, capacity-swap (slots reverse halfway; measured from 100 mean durations later), slow-site (the first site's requests take 4× longer) or small-sites (slots divided by 4)")
 	policies := fs.String("policies", strings.Join(routesim.Policies, ","), "policies, comma-separated")
 	seeds := fs.Int("seeds", 1, "seeds per cell; above one, the mean carries its 95% interval")
@@ -66,7 +67,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	if !(*rtt >= 0 && *rtt < 100) {
 		return fmt.Errorf("%w: bench routing: --rtt %v: want a round trip in [0, 100) mean durations", errUsage, *rtt)
 	}
-	g.Sizes, g.RTT = *sizes != "", *rtt
+	g.Sizes, g.RTT, g.Declare = *sizes != "", *rtt, *declare
 	switch {
 	case *format != "text" && *format != "tsv" && *format != "ratio":
 		return fmt.Errorf("%w: bench routing: --format %q: want text, tsv or ratio", errUsage, *format)

@@ -323,6 +323,9 @@ func TestEngineReading(t *testing.T) {
 	if r.Ready != readiness.Known(1) {
 		t.Errorf("an engine is one ready endpoint, got %v", r.Ready)
 	}
+	if v := r.Load.MaxRunning; v == nil || *v != 2*256 {
+		t.Errorf("declared limit %v, want the two ranks' 256 each", v)
+	}
 	if v, ok := r.Load.InFlight(r.Ready); !ok || v != 42 {
 		t.Errorf("in-flight %v, want running 40 + waiting 2", v)
 	}
@@ -500,5 +503,33 @@ func TestGenericEngineOverTheBodyCapIsUnknown(t *testing.T) {
 	}
 	if memo.Absent(target(t, config.KindGeneric, stub.URL).LoadsURL) {
 		t.Error("an oversized answer was remembered as no /v1/loads")
+	}
+}
+
+// TestDeclaredLimitNeedsEveryRank: an engine's declared limit is its
+// ranks' together, and unknown, not smaller, when a rank does not say it.
+func TestDeclaredLimitNeedsEveryRank(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       float64 // 0: unknown
+	}{
+		{"two ranks", `{"loads":[{"num_running_reqs":1,"num_waiting_reqs":0,"max_running_requests":48},{"num_running_reqs":0,"num_waiting_reqs":0,"max_running_requests":48}]}`, 96},
+		{"one rank silent", `{"loads":[{"num_running_reqs":1,"num_waiting_reqs":0,"max_running_requests":48},{"num_running_reqs":0,"num_waiting_reqs":0}]}`, 0},
+		{"a zero, as older engines send", `{"loads":[{"num_running_reqs":1,"num_waiting_reqs":0,"max_running_requests":0}]}`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, outcome, why := DecodeLoads([]byte(tc.body))
+			if outcome != probeAvailable {
+				t.Fatalf("outcome %v: %s", outcome, why)
+			}
+			e := r.engineLoad()
+			l := engineLoad(e, 0, e.Running, e.Waiting)
+			switch {
+			case tc.want == 0 && l.MaxRunning != nil:
+				t.Errorf("declared limit %v, want unknown", *l.MaxRunning)
+			case tc.want != 0 && (l.MaxRunning == nil || *l.MaxRunning != tc.want):
+				t.Errorf("declared limit %v, want %v", l.MaxRunning, tc.want)
+			}
+		})
 	}
 }

@@ -41,6 +41,7 @@ type rankLoad struct {
 	NumWaitingUncachedTokens float64  `json:"num_waiting_uncached_tokens"`
 	TokenUsage               float64  `json:"token_usage"`
 	GenThroughput            float64  `json:"gen_throughput"`
+	MaxRunningRequests       float64  `json:"max_running_requests"`
 	Disaggregation           *struct {
 		PrefillBootstrapQueueReqs float64 `json:"prefill_bootstrap_queue_reqs"`
 		PrefillPreallocQueueReqs  float64 `json:"prefill_prealloc_queue_reqs"`
@@ -71,7 +72,7 @@ func DecodeLoads(body []byte) (*loadsResponse, probeOutcome, string) {
 		if l.NumRunningReqs == nil || l.NumWaitingReqs == nil {
 			return nil, probeAbsent, "load response rank lacks num_running_reqs or num_waiting_reqs"
 		}
-		for _, v := range []float64{*l.NumRunningReqs, *l.NumWaitingReqs, l.NumWaitingUncachedTokens, l.TokenUsage, l.GenThroughput} {
+		for _, v := range []float64{*l.NumRunningReqs, *l.NumWaitingReqs, l.NumWaitingUncachedTokens, l.TokenUsage, l.GenThroughput, l.MaxRunningRequests} {
 			if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 				return nil, probeInconclusive, "load response carries a negative or non-finite value"
 			}
@@ -82,8 +83,14 @@ func DecodeLoads(body []byte) (*loadsResponse, probeOutcome, string) {
 
 // engineLoad sums a load response over its DP ranks.
 func (r *loadsResponse) engineLoad() *EngineLoad {
-	e := &EngineLoad{Ranks: len(r.Loads), Known: FieldWaitingUncached | FieldTokenUsage | FieldGenThroughput}
+	e := &EngineLoad{Ranks: len(r.Loads), Known: FieldWaitingUncached | FieldTokenUsage | FieldGenThroughput | FieldMaxRunning}
 	for _, l := range r.Loads {
+		// The engine's limit is its ranks' together, known only when every
+		// rank says its own: older engines send 0 or nothing.
+		if l.MaxRunningRequests < 1 {
+			e.Known &^= FieldMaxRunning
+		}
+		e.MaxRunning += l.MaxRunningRequests
 		e.Running += *l.NumRunningReqs
 		e.Waiting += *l.NumWaitingReqs
 		e.WaitingUncachedTokens += l.NumWaitingUncachedTokens
@@ -213,6 +220,10 @@ func engineLoad(e *EngineLoad, direct, running, waiting float64) Load {
 	if e.Known&FieldWaitingUncached != 0 {
 		tokens := e.WaitingUncachedTokens
 		l.PrefillTokens = &tokens
+	}
+	if e.Known&FieldMaxRunning != 0 {
+		limit := e.MaxRunning
+		l.MaxRunning = &limit
 	}
 	return l
 }

@@ -58,6 +58,10 @@ type Load struct {
 	// SGLang engine's num_waiting_uncached_tokens over its ranks. Nil
 	// where the backend says nothing of it (vLLM).
 	PrefillTokens *float64
+	// MaxRunning is the most requests one ready unit runs at once, as the
+	// backend declares it: an SGLang engine's max_running_requests over
+	// its ranks. Nil where the backend says nothing of it (vLLM, the EPP).
+	MaxRunning *float64
 }
 
 // InFlight estimates the requests the provider holds, given its ready count
@@ -100,6 +104,7 @@ const (
 	FieldTokenUsage
 	FieldGenThroughput
 	FieldDisaggregation // PrefillQueue and DecodeQueue
+	FieldMaxRunning     // MaxRunning
 )
 
 // EngineLoad is what an engine reports beyond the pool contract, mostly
@@ -116,4 +121,5 @@ type EngineLoad struct {
 	GenThroughput         float64
 	PrefillQueue          float64 // disaggregation: bootstrap/prealloc + inflight
 	DecodeQueue           float64 // disaggregation: prealloc + transfer + retracted
+	MaxRunning            float64 // the ranks' max_running_requests together
 }

@@ -100,6 +100,7 @@ func TestOperatorRejections(t *testing.T) {
 		{"provider credentials in URL", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u:p@u', metrics: {endpoint: 'http://x'}}\n", []string{"must not carry credentials"}},
 		{"client cert without key", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'https://x', tls: {cert: c}}}\n", []string{"cert and key go together"}},
 		{"two documents", "site: east\n---\nsite: west\n", []string{"one YAML document"}},
+		{"negative maxRunning", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}, maxRunning: -4}\n", []string{`providers[0].maxRunning: must not be negative`}},
 		{"unknown admission", "site: east\nproviders:\n  - {name: a, model: m, upstream: 'http://u', metrics: {endpoint: 'http://x'}, admission: drain}\n", []string{`providers[0].admission: "drain" is not one of new_and_existing, existing_only, none`}},
 		{"reports every problem", "site: East\nscrapeInterval: -1s\n", []string{"site:", "scrapeInterval:"}},
 	}

@@ -219,6 +219,9 @@ func (c *Operator) validate(doc *document) error {
 		if _, ok := signals.ParseAdmission(pr.Admission); !ok {
 			p.addf(path+".admission", "%q is not one of new_and_existing, existing_only, none", pr.Admission)
 		}
+		if pr.MaxRunning < 0 {
+			p.addf(path+".maxRunning", "must not be negative")
+		}
 	}
 	return p.err()
 }

@@ -120,7 +120,7 @@ func (t *Translator) Config(ctx context.Context) (*config.Operator, error) {
 	for i := range providers.Items {
 		ip := &providers.Items[i]
 		p := config.Provider{Name: ip.Name, Model: ip.Spec.Model, Kind: ip.Spec.Kind, Upstream: ip.Spec.Upstream,
-			Unavailable: ip.Spec.Unavailable, Object: &config.ObjectRevision{UID: string(ip.UID), Generation: ip.Generation},
+			Unavailable: ip.Spec.Unavailable, MaxRunning: int(ip.Spec.MaxRunning), Object: &config.ObjectRevision{UID: string(ip.UID), Generation: ip.Generation},
 			Metrics: config.Metrics{Endpoint: ip.Spec.Metrics.Endpoint, Path: ip.Spec.Metrics.Path, PoolName: ip.Spec.Metrics.PoolName}}
 		if d := ip.Spec.Metrics.Timeout; d != nil {
 			p.Metrics.Timeout = config.Duration(d.Duration)

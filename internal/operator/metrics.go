@@ -4,6 +4,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,9 +106,10 @@ var (
 			signals.TTFTP90:        "90th percentile time to first token of streaming requests over the last 30s.",
 			signals.TPOT:           "Mean time per output token of streaming requests over the last 30s.",
 			signals.ErrorRatio:     "Failed requests over all requests in the last 30s.",
+			signals.MaxRunning:     "The most requests one ready unit of the provider runs at once, as configured (maxRunning) or as its engine declares it.",
 		}
 		out := map[string]*prometheus.Desc{}
-		for _, n := range signals.ProviderSeries {
+		for _, n := range append(slices.Clone(signals.ProviderSeries), signals.MaxRunning) {
 			out[n] = prometheus.NewDesc(n, help[n], []string{signals.LabelSite, signals.LabelProvider}, nil)
 		}
 		return out

@@ -281,6 +281,9 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 		if v := r.Load.PrefillTokens; v != nil {
 			rows = append(rows, signals.Row{Name: signals.PrefillBacklog, Value: *v})
 		}
+		if v, ok := maxRunning(&p.cfg, &r.Load); ok {
+			rows = append(rows, signals.Row{Name: signals.MaxRunning, Value: v})
+		}
 		for _, l := range []struct {
 			name string
 			v    *float64
@@ -576,4 +579,17 @@ func (o *Operator) checkState() {
 		o.log.Warn("stateDir was deleted while the operator ran; recreated it with the publisher epoch", "state", o.state.path, "publisher_epoch", o.state.Epoch)
 	}
 	o.stateTrouble.Store(&trouble)
+}
+
+// maxRunning is the most requests one ready unit of the provider runs at
+// once: as configured, else as its engine declares it; ok is false when
+// neither says it.
+func maxRunning(cfg *config.Provider, load *backend.Load) (float64, bool) {
+	switch {
+	case cfg.MaxRunning > 0:
+		return float64(cfg.MaxRunning), true
+	case load.MaxRunning != nil:
+		return *load.MaxRunning, true
+	}
+	return 0, false
 }

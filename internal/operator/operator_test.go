@@ -282,6 +282,32 @@ func TestEngineExtrasOnlyWhenKnown(t *testing.T) {
 	}
 }
 
+// TestMaxRunningRelayed: a unit's limit is relayed as configured, else as
+// the engine declares it (SGLang's max_running_requests), else not at all.
+func TestMaxRunningRelayed(t *testing.T) {
+	for _, tc := range []struct {
+		name, kind string
+		configured int
+		want       float64 // -1: absent
+	}{
+		{"sglang declares its slots", sim.KindSGLang, 0, 3},
+		{"configured over declared", sim.KindSGLang, 5, 5},
+		{"vllm configured", sim.KindVLLM, 4, 4},
+		{"vllm says nothing", sim.KindVLLM, 0, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := startSim(t, sim.Options{Kind: tc.kind, Endpoints: 1, Slots: 3})
+			pc := providerConf("pool-a", tc.kind, b.URL)
+			pc.MaxRunning = tc.configured
+			h := newHarness(t, pc)
+			h.pass()
+			if v := h.gauge(signals.MaxRunning, "pool-a"); v != tc.want {
+				t.Errorf("%s = %v, want %v", signals.MaxRunning, v, tc.want)
+			}
+		})
+	}
+}
+
 // TestEngineReplacedIsReprobed: a vLLM engine without /v1/loads is asked
 // once and remembered; when its scrapes fail and then succeed again (the
 // engine was restarted, perhaps upgraded), the absence is forgotten and the
@@ -510,8 +536,12 @@ func mustYAML(t *testing.T, c *config.Operator) []byte {
 		if p.Metrics.RefreshInterval > 0 {
 			extra += fmt.Sprintf(", refreshInterval: %s", p.Metrics.RefreshInterval)
 		}
-		fmt.Fprintf(&b, "  - {name: %s, model: %q, kind: %s, upstream: %q, metrics: {endpoint: %q, timeout: %s%s}}\n",
-			p.Name, p.Model, p.Kind, p.Upstream, p.Metrics.Endpoint, p.Metrics.Timeout, extra)
+		maxRunning := ""
+		if p.MaxRunning > 0 {
+			maxRunning = fmt.Sprintf(", maxRunning: %d", p.MaxRunning)
+		}
+		fmt.Fprintf(&b, "  - {name: %s, model: %q, kind: %s, upstream: %q, metrics: {endpoint: %q, timeout: %s%s}%s}\n",
+			p.Name, p.Model, p.Kind, p.Upstream, p.Metrics.Endpoint, p.Metrics.Timeout, extra, maxRunning)
 	}
 	return []byte(b.String())
 }

@@ -67,6 +67,10 @@ type Reading struct {
 	// LatestAt (signals.PrefillBacklog), absent where the provider does
 	// not publish them.
 	PrefillTokens Opt
+	// MaxRunning is the most requests one ready unit runs at once, as its
+	// operator relays it at LatestAt (signals.MaxRunning): configured, or
+	// declared by the engine. Absent where nobody says it.
+	MaxRunning Opt
 }
 
 // UnitReading is a Reading's capacity evidence per ready unit.
@@ -218,6 +222,9 @@ func Read(v *loadstore.View, now, window int64, queueFull float64) Reading {
 	if r.LatestInFlight.OK {
 		if v := at(v.Series[signals.PrefillBacklog], r.LatestAt); v.OK {
 			r.PrefillTokens = plausible(v.V)
+		}
+		if v := at(v.Series[signals.MaxRunning], r.LatestAt); v.OK && v.V >= 1 {
+			r.MaxRunning = plausible(v.V)
 		}
 	}
 	if haveReady && ready.Value < 1 && (!r.SampledAt.OK || r.SampledAt.V <= float64(ready.At)) {

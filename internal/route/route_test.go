@@ -60,6 +60,8 @@ type obs struct {
 	uid     string // the provider's uid; "u" when empty
 	// provider names the provider (and its pool); "p" when empty.
 	provider string
+	// maxRunning is the unit's relayed limit (signals.MaxRunning).
+	maxRunning *float64
 }
 
 func f(v float64) *float64 { return &v }
@@ -95,6 +97,9 @@ func (w *world) publish(site string, t int64, o obs) {
 	}
 	if o.kv != nil {
 		lines = append(lines, fmt.Sprintf(`llm_d_epp_average_kv_cache_utilization{%s,name=%q} %g %d`, lbl, provider, *o.kv, t))
+	}
+	if o.maxRunning != nil {
+		lines = append(lines, fmt.Sprintf(`%s{%s} %g %d`, signals.MaxRunning, lbl, *o.maxRunning, t))
 	}
 	w.seq++
 	uid := o.uid
@@ -654,6 +659,26 @@ func TestSmallerThanTheFloorLearnsItsLimit(t *testing.T) {
 	w.publish("a", 2000, obs{running: 4, queue: f(1)}) // a backlog at 4 + 1
 	if c := find(w.build(2000), "a"); c.Capacity > 5 {
 		t.Errorf("after a backlog at 5 in flight: capacity %v, want at most 5", c.Capacity)
+	}
+}
+
+// TestDeclaredLimitBoundsTheFloor: a unit whose operator relays the most
+// it runs at once (signals.MaxRunning) is credited no more than that
+// before it shows its limit, so an engine of 4 is not sent the floor's 8;
+// a claim above the floor lifts nothing, and what a unit was seen to run
+// stands over what it declares.
+func TestDeclaredLimitBoundsTheFloor(t *testing.T) {
+	w := newWorld(t, "small", "claims", "ranmore", "pool")
+	w.set.WindowMs, w.set.CeilingFloor, w.set.RoomAfterMs = 60_000, 8, 0
+	w.publish("small", 1000, obs{running: 2, queue: f(0), maxRunning: f(4)})
+	w.publish("claims", 1000, obs{running: 2, queue: f(0), maxRunning: f(64)})
+	w.publish("ranmore", 1000, obs{running: 6, queue: f(0), maxRunning: f(4)})
+	w.publish("pool", 1000, obs{running: 1, ready: 2, queue: f(0), maxRunning: f(3)})
+	s := w.build(1000)
+	for site, want := range map[string]float64{"small": 4, "claims": 8, "ranmore": 6, "pool": 6} {
+		if c := find(s, site); c.Capacity != want {
+			t.Errorf("%s: capacity %v, want %v", site, c.Capacity, want)
+		}
 	}
 }
 

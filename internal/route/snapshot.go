@@ -583,7 +583,13 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, units float64
 		}
 		taught = max(clean, r.PerUnit.MostRunning.V)
 	}
-	soft = max(decayed, taught, set.CeilingFloor)
+	// The floor credits a unit no more than its operator or engine says
+	// it runs at once; what a unit was seen to run stands over either.
+	floor := set.CeilingFloor
+	if r.MaxRunning.OK {
+		floor = min(floor, r.MaxRunning.V)
+	}
+	soft = max(decayed, taught, floor)
 	if prev != nil && prev.hard.OK {
 		// The demonstrated limit grows back out by the half-life.
 		hard = some(prev.hard.V / decay)

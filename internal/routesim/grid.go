@@ -20,6 +20,7 @@ type Grid struct {
 	// size, and the round trip to sites but a gateway's own.
 	Sizes    bool
 	RTT      float64
+	Declare  bool
 	Scenario Change
 	Phases   []Phases
 	Gateways []int
@@ -79,7 +80,7 @@ func (g Grid) Run() []Cell {
 			for j := range jobs {
 				c := cells[j.cell]
 				results[j.cell][j.seed] = Run(Config{Slots: g.Slots, Load: c.Load, Gateways: c.Gateways, BoardAge: c.T, Phases: c.Phases,
-					Requests: g.Requests, Seed: g.Seed + uint64(j.seed), Sigma: g.Sigma, Sizes: g.Sizes, RTT: g.RTT, Scenario: g.Scenario, Policy: c.Policy})
+					Requests: g.Requests, Seed: g.Seed + uint64(j.seed), Sigma: g.Sigma, Sizes: g.Sizes, RTT: g.RTT, Declare: g.Declare, Scenario: g.Scenario, Policy: c.Policy})
 			}
 		}()
 	}

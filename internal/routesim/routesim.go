@@ -152,7 +152,12 @@ type Config struct {
 	// every site but its own (gateway k's is site k mod the site count):
 	// a request sent to another site waits it more before its first token
 	// and its end. 0 is none, and no gateway has a site of its own.
-	RTT      float64
+	RTT float64
+	// Declare has each site's operator relay the most its engines run at
+	// once (signals.MaxRunning: slots over the pool's endpoints), as an
+	// operator configured with `maxRunning`, or serving SGLang engines,
+	// does. Off, the gateways learn every limit from the readings.
+	Declare  bool
 	Scenario Change
 	Policy   string
 }
@@ -267,6 +272,8 @@ type gateway struct {
 	turn     uint64
 	// service is the age unit, learned as the gateway learns it.
 	service *route.Service
+	// declare relays each site's limit per endpoint (Config.Declare).
+	declare bool
 }
 
 // Run simulates cfg and returns the mean and p99 time in system.
@@ -300,7 +307,7 @@ func Run(cfg Config) Result {
 	// when it restarts.
 	newGateway := func() *gateway {
 		g := &gateway{board: make([]int, len(sites)), own: make([]int, len(sites)), inFlight: make([]int, len(sites)), read: make([]bool, len(sites)), store: loadstore.New(time.Duration(max(3*windowMs, 60_000)) * time.Millisecond),
-			wrr: make([]float64, len(sites)), turn: rng.Uint64()}
+			wrr: make([]float64, len(sites)), turn: rng.Uint64(), declare: cfg.Declare}
 		g.service = &route.Service{}
 		var policy route.Policy = route.Reference{}
 		switch cfg.Policy {
@@ -636,7 +643,8 @@ func Run(cfg Config) Result {
 
 // ingest feeds the gateway the rows an operator would relay for one site
 // (only < 0: every site) as published: running, queued and ready per pool,
-// the deepest queue, and a complete batch, at the reading's instant.
+// the deepest queue, the limit per endpoint where the operator declares it,
+// and a complete batch, at the reading's instant.
 func (g *gateway) ingest(published []reading, only int, now float64) {
 	var b strings.Builder
 	for i, r := range published {
@@ -655,7 +663,12 @@ func (g *gateway) ingest(published []reading, only int, now float64) {
 		fmt.Fprintf(&b, "llm_d_epp_average_queue_size{%s,name=\"p\"} %g %d\n", lbl, float64(queued)/ready, ms)
 		fmt.Fprintf(&b, "llm_d_epp_ready_endpoints{%s,name=\"p\"} %g %d\n", lbl, ready, ms)
 		fmt.Fprintf(&b, "llm_d_epp_per_endpoint_queue_size{%s,model_server_endpoint=\"e\",name=\"p\"} %d %d\n", lbl, queued, ms)
-		fmt.Fprintf(&b, "grid_provider_config_generation{batch_samples=\"4\",batch_sequence=\"%d\",%s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n", g.seq, lbl, ms)
+		samples := 4
+		if g.declare {
+			fmt.Fprintf(&b, "%s{%s} %g %d\n", signals.MaxRunning, lbl, float64(r.slots)/ready, ms)
+			samples++
+		}
+		fmt.Fprintf(&b, "grid_provider_config_generation{batch_samples=\"%d\",batch_sequence=\"%d\",%s,provider_uid=\"u\",publisher_epoch=\"1\"} 1 %d\n", samples, g.seq, lbl, ms)
 	}
 	if b.Len() == 0 {
 		return

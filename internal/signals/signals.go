@@ -31,6 +31,13 @@ const (
 	// tokens); a receiver that does not know it drops it, counted, and
 	// one that gets none reads the provider by its request counts.
 	PrefillBacklog = "grid_provider_prefill_backlog_tokens"
+	// MaxRunning is the most requests one ready unit of the provider (an
+	// endpoint of a pool, an engine) runs at once, as the operator is
+	// configured (`maxRunning`) or the engine declares it (SGLang's
+	// max_running_requests): a gateway reads no more undemonstrated
+	// capacity into a unit than this (docs/protocol.md §2.2). Absent where
+	// neither says it.
+	MaxRunning = "grid_provider_max_running_requests"
 	// ConfigGeneration is the batch metadata line (§2.3).
 	ConfigGeneration = "grid_provider_config_generation"
 	// Info declares what a provider serves: label model, value 1. It is how
@@ -66,7 +73,7 @@ const (
 // the seed's KV-cache term, and the provider info line that names the model
 // (decisions recorded in docs/signals.md).
 var ContractNames = []string{
-	Ready, ReadyEndpoints, InFlight, TTFTP50, TTFTP90, TPOT, ErrorRatio, PrefillBacklog,
+	Ready, ReadyEndpoints, InFlight, TTFTP50, TTFTP90, TPOT, ErrorRatio, PrefillBacklog, MaxRunning,
 	LegacyAverageQueue, EPPAverageQueue, LegacyAverageRunning, EPPAverageRunning,
 	LegacyAverageKV, EPPAverageKV, EPPReadyEndpoints, LegacyReadyPods,
 	EPPFlowControlQueue, LegacyPerPodQueue, EPPPerEndpointQueue,
