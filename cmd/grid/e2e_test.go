@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -246,12 +247,16 @@ func TestTwoSitesWithGridCerts(t *testing.T) {
 	gridCerts(t, certs, "east", "west", "north")
 	sims := map[string]string{"east": freePort(t), "west": freePort(t)}
 	start(t, "sim", "--kind", "epp", "--listen", sims["east"], "--endpoints", "2")
-	start(t, "sim", "--kind", "sglang", "--listen", sims["west"])
+	// West's engine runs 4 at once and says so on /v1/loads; east's
+	// operator is told its endpoints run 3 each.
+	start(t, "sim", "--kind", "sglang", "--listen", sims["west"], "--slots", "4")
 	signalsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	hopAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	clientAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	metricsAddr := map[string]string{"east": freePort(t), "west": freePort(t)}
 	kinds := map[string]string{"east": "epp", "west": "sglang"}
+	maxRunning := map[string]string{"east": ", maxRunning: 3", "west": ""}
+	gwMetrics := map[string]string{"east": freePort(t), "west": freePort(t)}
 	for _, site := range []string{"east", "west"} {
 		peer := map[string]string{"east": "west", "west": "east"}[site]
 		cfg := fmt.Sprintf(`site: %[1]s
@@ -264,8 +269,8 @@ peerPollInterval: 1s
 peers:
   - {site: %[6]s, signals: "https://%[7]s", gateway: "https://%[10]s"}
 providers:
-  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: %[8]s, upstream: "http://%[9]s", metrics: {endpoint: "http://%[9]s"}}
-`, site, certs, signalsAddr[site], metricsAddr[site], filepath.Join(dir, "state-"+site), peer, signalsAddr[peer], kinds[site], sims[site], hopAddr[peer])
+  - {name: %[1]s-pool, model: Qwen/Qwen3-8B, kind: %[8]s, upstream: "http://%[9]s", metrics: {endpoint: "http://%[9]s"}%[11]s}
+`, site, certs, signalsAddr[site], metricsAddr[site], filepath.Join(dir, "state-"+site), peer, signalsAddr[peer], kinds[site], sims[site], hopAddr[peer], maxRunning[site])
 		file := filepath.Join(dir, site+".yaml")
 		os.WriteFile(file, []byte(cfg), 0o600)
 		start(t, "operator", "--config", file)
@@ -275,7 +280,7 @@ listen: %[3]q
 hop: {listen: %[4]q}
 metrics: {listen: %[5]q}
 operator: {signals: "https://%[6]s"}
-`, site, certs, clientAddr[site], hopAddr[site], freePort(t), signalsAddr[site])
+`, site, certs, clientAddr[site], hopAddr[site], gwMetrics[site], signalsAddr[site])
 		gwFile := filepath.Join(dir, site+"-gateway.yaml")
 		os.WriteFile(gwFile, []byte(gw), 0o600)
 		start(t, "gateway", "--config", gwFile)
@@ -331,6 +336,28 @@ operator: {signals: "https://%[6]s"}
 			}
 		}
 		return served["east"] && served["west"]
+	})
+	// Each unit's limit crosses the chain to a gateway that has never seen
+	// a queue: east's two endpoints of 3 as configured, west's engine of
+	// 4 as it declares, relayed by west's operator to east's; neither is
+	// read at the floor of 8 a unit.
+	ceilings := map[string]float64{}
+	eventually(t, "east's gateway reads east-pool's ceiling as 6 and west-pool's as 4 (/api/snapshot)", 15*time.Second, func() bool {
+		var view struct {
+			Candidates []struct {
+				Provider string   `json:"provider"`
+				Ceiling  *float64 `json:"ceiling"`
+			} `json:"candidates"`
+		}
+		if json.Unmarshal([]byte(httpGet("http://"+gwMetrics["east"]+"/api/snapshot")), &view) != nil {
+			return false
+		}
+		for _, c := range view.Candidates {
+			if c.Ceiling != nil {
+				ceilings[c.Provider] = *c.Ceiling
+			}
+		}
+		return ceilings["east-pool"] == 6 && ceilings["west-pool"] == 4
 	})
 	out, err := exec.Command(gridBinary, "status", "--metrics", "http://"+metricsAddr["east"]).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "west-pool") || !strings.Contains(string(out), "accepted") || !strings.Contains(string(out), "Ready") {
