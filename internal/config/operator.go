@@ -196,11 +196,13 @@ type Provider struct {
 	Admission string `yaml:"admission"`
 	// MaxRunning is the most requests one ready unit of the provider (an
 	// endpoint of a pool, an engine) runs at once: vLLM's --max-num-seqs,
-	// SGLang's --max-running-requests. Relayed to every gateway, which then
+	// SGLang's --max-running-requests, times the data-parallel ranks of a
+	// server read as one engine. Relayed to every gateway, which then
 	// reads no more undemonstrated capacity into a unit than this
 	// (docs/routing.md, capacity); 0 relays what the engine declares, if
-	// anything.
-	MaxRunning int `yaml:"maxRunning"`
+	// anything. Omitted when 0, so adding the key changed no provider's
+	// config hash (its generation).
+	MaxRunning int `yaml:"maxRunning,omitempty"`
 	// Object is the provider's revision when it is declared by a Kubernetes
 	// object: peers order its batches by metadata.uid and
 	// metadata.generation. Nil in file mode, where the operator's state mints
