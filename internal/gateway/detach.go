@@ -3,25 +3,24 @@ package gateway
 // Detached streams.
 //
 // An SSE answer lasts as long as the model generates, and net/http keeps,
-// for every such answer, the server connection's goroutine (its stack
-// stays at 16 KiB: the handler parks deep inside httputil.ReverseProxy and
+// for every such answer, the server connection's goroutine (its stack stays
+// at 16 KiB: the handler parks deep in the answer's copy, relayAnswer, and
 // the runtime halves a parked stack only below a quarter used), the
 // connection's background reader, and its 4 + 4 KiB of buffers. Once an
 // upstream has answered 200 with text/event-stream and no length, the
 // server copies the answer as any other for limits.detachAfter; at the
 // first event after that (detachingBody), the proxy's copy ends, and the
-// gateway takes the client's HTTP/1.1 connection from the server
-// (Hijack, with the head and the events so far written) and copies the
-// rest, one chunk per read, on a goroutine of its own that parks a few
-// frames deep. A stream shorter than that is never detached: what
-// detaching saves is memory for as long as a stream lasts, and what it
-// costs, once, is the hijack and the connection's return to the server.
-// A client that leaves a detached stream is noticed when a write to it
-// fails, an event or two later. When the stream ends whole, the
-// connection re-enters the server through the client listener
-// (rejoinListener), so a keep-alive client keeps it. BENCHMARKS.md
-// (memory per concurrent stream, CPU per request) has what this saves
-// and costs; docs/gateway.md the rules.
+// gateway takes the client's HTTP/1.1 connection from the server (Hijack,
+// with the head and the events so far written) and copies the rest, one
+// chunk per read, on a goroutine of its own that parks a few frames deep. A
+// stream shorter than that is never detached: what detaching saves is
+// memory for as long as a stream lasts, and what it costs, once, is the
+// hijack and the connection's return to the server. A client that leaves a
+// detached stream is noticed when a write to it fails, an event or two
+// later. When the stream ends whole, the connection re-enters the server
+// through the client listener (rejoinListener), so a keep-alive client
+// keeps it. BENCHMARKS.md (memory per concurrent stream, CPU per request)
+// has what this saves and costs; docs/gateway.md the rules.
 
 import (
 	"bytes"

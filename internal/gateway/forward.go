@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"syscall"
@@ -292,7 +291,7 @@ var errNotDelivered = errors.New("the peer gateway could not deliver the request
 // forward proxies one attempt to c, streaming the answer through
 // unbuffered. Every failure is classified and counted
 // (grid_gateway_upstream_errors_total) and told to passive health.
-func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (result attempt) {
+func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) attempt {
 	g, w, r, out := x.g, x.w, x.r, x.out
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
@@ -300,7 +299,6 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		return notSent
 	}
 	tw := &trackingWriter{ResponseWriter: w}
-	buffer := &copyBuffer{ans: ans}
 	// A stream ends with the terminal event when a drain runs out of time
 	// while it is copied here (InterruptStreams); once detached
 	// (detach.go), its stream set ends it so. An answer that may be
@@ -345,77 +343,44 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 			g.streams.waited()
 		}
 	}()
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			if outCtx != r.Context() {
-				pr.Out = pr.Out.WithContext(outCtx)
-			}
-			pr.SetURL(c.Upstream)
-			pr.SetXForwarded()
-			if ans.bound && !c.Local {
-				pr.Out.Header.Set(headerBoundProvider, c.Provider)
-			}
-			out.setBody(pr.Out)
-		},
-		Transport:     transport,
-		FlushInterval: 0, // ReverseProxy flushes every write of a stream or an answer of unknown length itself
-		BufferPool:    buffer,
-		ModifyResponse: func(resp *http.Response) error {
-			if !c.Local && resp.Header.Get(headerNotDelivered) != "" {
-				return errNotDelivered
-			}
-			g.health.answered(c, resp.StatusCode, began)
-			ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-			resp.Header.Set(headerSite, c.Site)
-			if c.Local || resp.Header.Get(headerBackend) == "" {
-				resp.Header.Set(headerBackend, c.Provider)
-			}
-			ans.provider = resp.Header.Get(headerBackend)
-			// Bound now, before the answer reaches the client: bound after
-			// it, a session's next turn could arrive first and be drawn
-			// anew (two of twelve sessions began on the peer site and
-			// went on at this one).
-			g.bind(x.sess, x.attempt, affinity.Binding{Site: c.Site, Provider: ans.provider})
-			// A stream the upstream cuts is a failure of the upstream, seen
-			// only while the body is copied; its first byte is the time to
-			// first token the dashboard shows (upstreamWatch).
-			resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
-				watch: &upstreamWatch{g: g, c: c, began: began, ans: ans, cost: x.cost},
-				sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK}
-			if via != nil && ans.stream && detachable(resp) {
-				handoff = &detachingBody{body: resp.Body, resp: resp, clk: g.clk, after: g.clk.Now().Add(g.streams.waitToDetach(detachAfter))}
-				resp.Body = handoff
-			}
-			return nil
-		},
-		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
-			if g.stopping.Err() != nil && r.Context().Err() == nil && !tw.wrote {
-				// A drain past its deadline cancelled the request before
-				// any answer: the client is told to retry, and the
-				// upstream is not blamed.
-				result = failed
-				errShuttingDown.write(w, g.turn.Load())
-				return
-			}
-			if req.Context().Err() != nil {
-				return // the client went away; nothing to answer or count
-			}
-			kind := classifyUpstream(err)
-			ans.failure = kind
-			g.upstreamFailed(c, kind, err, began)
-			if kind.nothingSent() && !tw.wrote {
-				result = notSent
-				return
-			}
-			result = failed
-			if !tw.wrote {
-				errUpstreamFailed.write(w, 0)
-			}
-		},
+	req := upstreamRequest(outCtx, r, c.Upstream)
+	if ans.bound && !c.Local {
+		req.Header.Set(headerBoundProvider, c.Provider)
 	}
-	rp.ServeHTTP(tw, r)
+	out.setBody(req)
+	resp, err := transport.RoundTrip(req)
+	if err == nil && !c.Local && resp.Header.Get(headerNotDelivered) != "" {
+		resp.Body.Close()
+		err = errNotDelivered
+	}
+	if err != nil {
+		return x.attemptFailed(tw, c, ans, outCtx, err, began)
+	}
+	dropHopHeaders(resp.Header)
+	g.health.answered(c, resp.StatusCode, began)
+	ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	resp.Header.Set(headerSite, c.Site)
+	if c.Local || resp.Header.Get(headerBackend) == "" {
+		resp.Header.Set(headerBackend, c.Provider)
+	}
+	ans.provider = resp.Header.Get(headerBackend)
+	// Bound now, before the answer reaches the client: bound after it, a
+	// session's next turn could arrive first and be drawn anew (two of
+	// twelve sessions began on the peer site and went on at this one).
+	g.bind(x.sess, x.attempt, affinity.Binding{Site: c.Site, Provider: ans.provider})
+	// A stream the upstream cuts is a failure of the upstream, seen only
+	// while the body is copied; its first byte is the time to first token
+	// the dashboard shows (upstreamWatch).
+	resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
+		watch: &upstreamWatch{g: g, c: c, began: began, ans: ans, cost: x.cost},
+		sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK}
+	if via != nil && ans.stream && detachable(resp) {
+		handoff = &detachingBody{body: resp.Body, resp: resp, clk: g.clk, after: g.clk.Now().Add(g.streams.waitToDetach(detachAfter))}
+		resp.Body = handoff
+	}
+	relayAnswer(tw, resp, ans.stream)
 	if handoff == nil || !handoff.handedOff {
-		return result
+		return delivered
 	}
 	// The stream has run for detachAfter: the proxy wrote its head and
 	// its events so far, and left the rest of the body to be detached.
@@ -426,11 +391,37 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) (re
 		stopDrain()
 		stopWatch()
 		ans.detached = s
-		tw.release()
 		return delivered
 	}
 	copyAttached(tw, handoff.body)
-	return result
+	return delivered
+}
+
+// attemptFailed answers an attempt whose upstream gave no answer (err),
+// unless the client has left (ctx, the upstream request's, is done), and
+// says whether the request may go elsewhere.
+func (x *exchange) attemptFailed(tw *trackingWriter, c *route.Candidate, ans *answer, ctx context.Context, err error, began time.Time) attempt {
+	g := x.g
+	if g.stopping.Err() != nil && x.r.Context().Err() == nil && !tw.wrote {
+		// A drain past its deadline cancelled the request before any
+		// answer: the client is told to retry, and the upstream is not
+		// blamed.
+		errShuttingDown.write(tw, g.turn.Load())
+		return failed
+	}
+	if ctx.Err() != nil {
+		return delivered // the client went away; nothing to answer or count
+	}
+	kind := classifyUpstream(err)
+	ans.failure = kind
+	g.upstreamFailed(c, kind, err, began)
+	if kind.nothingSent() && !tw.wrote {
+		return notSent
+	}
+	if !tw.wrote {
+		errUpstreamFailed.write(tw, 0)
+	}
+	return failed
 }
 
 // copyAttached copies the rest of a stream the server would not give up
@@ -720,12 +711,6 @@ type trackingWriter struct {
 	wrote bool
 }
 
-// release lets the server's response writer go once the answer is detached:
-// the upstream request's context keeps ReverseProxy's 1xx trace, which holds
-// this writer for the whole stream, and through it the hijacked server
-// connection's state and buffers. Nothing writes through t after.
-func (t *trackingWriter) release() { t.ResponseWriter = nil }
-
 func (t *trackingWriter) WriteHeader(code int) { t.wrote = true; t.ResponseWriter.WriteHeader(code) }
 func (t *trackingWriter) Write(b []byte) (int, error) {
 	t.wrote = true
@@ -740,21 +725,10 @@ func (t *trackingWriter) Flush() {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
-// copyBuffer gives the proxy its copy buffer for one answer: a stream's
-// small, because an SSE stream holds it, mostly idle, for as long as the
-// model generates, and its events are a few hundred bytes; any other
-// answer's large, to copy a big body in few reads. The proxy asks for the
-// buffer after ModifyResponse has seen the answer's Content-Type (and set
-// ans.stream). A stream that is not detached (detach.go) copies through
-// it.
-type copyBuffer struct {
-	ans *answer
-	// got is the pool's slice Get handed out, put back as it is by Put:
-	// putting back a pointer to Put's own argument would allocate one.
-	got *[]byte
-}
-
-// Buffer sizes; both pooled.
+// The copy buffer of an answer (relayAnswer), pooled: a stream's small,
+// because an SSE stream holds it, mostly idle, for as long as the model
+// generates, and its events are a few hundred bytes; any other answer's
+// large, to copy a big body in few reads.
 const (
 	streamBufferSize = 2 << 10
 	bulkBufferSize   = 32 << 10
@@ -764,25 +738,3 @@ var (
 	streamBuffers = sync.Pool{New: func() any { b := make([]byte, streamBufferSize); return &b }}
 	bulkBuffers   = sync.Pool{New: func() any { b := make([]byte, bulkBufferSize); return &b }}
 )
-
-func (c *copyBuffer) Get() []byte {
-	if c.ans.stream {
-		c.got = streamBuffers.Get().(*[]byte)
-	} else {
-		c.got = bulkBuffers.Get().(*[]byte)
-	}
-	return *c.got
-}
-
-func (c *copyBuffer) Put(b []byte) {
-	got := c.got
-	c.got = nil
-	if got == nil || len(*got) != len(b) {
-		return // not the one Get gave: left to the collector
-	}
-	if len(b) == streamBufferSize {
-		streamBuffers.Put(got)
-	} else {
-		bulkBuffers.Put(got)
-	}
-}
