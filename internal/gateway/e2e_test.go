@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,8 @@ type site struct {
 	op                        *operator.Operator
 	gw                        *gateway.Gateway
 	client, hop, signals, met string
+	// seen is the header of the last API request its sim received.
+	seen atomic.Pointer[http.Header]
 }
 
 type gridSpec struct {
@@ -117,7 +120,7 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 			t.Fatal(err)
 		}
 		s.sim = sm
-		s.simURL = runSim(t, sm)
+		s.simURL = runSimSeen(t, sm, &s.seen)
 		s.metricsURL = s.simURL
 		if slots, ok := spec.claimsIdle[n]; ok {
 			idle, err := sim.New(sim.Options{Kind: sim.KindEPP, Endpoints: 1, Slots: slots, RefreshInterval: 100 * time.Millisecond})
@@ -221,8 +224,23 @@ func startGrid(t *testing.T, spec gridSpec) map[string]*site {
 }
 
 // runSim serves sm on loopback until the test ends, and returns its URL.
-func runSim(t *testing.T, sm *sim.Sim) string {
-	srv := httptest.NewServer(sm.Handler())
+func runSim(t *testing.T, sm *sim.Sim) string { return runSimSeen(t, sm, nil) }
+
+// runSimSeen is runSim keeping, in seen (when not nil), the header of the
+// last API request the sim received.
+func runSimSeen(t *testing.T, sm *sim.Sim, seen *atomic.Pointer[http.Header]) string {
+	h := sm.Handler()
+	if seen != nil {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/v1/") {
+				c := r.Header.Clone()
+				seen.Store(&c)
+			}
+			inner.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { sm.Run(ctx); close(done) }()
@@ -258,8 +276,6 @@ func postChat(addr string, tokens int, stream bool) (*http.Response, string, err
 	return resp, string(b), nil
 }
 
-// warm sends requests until both sites have served one (each gateway polls
-// only while serving, and peers learn of each other through their operators).
 // waitUntil polls cond until it holds, failing the test after within.
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -270,6 +286,8 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 	}
 }
 
+// warm sends requests until both sites have served one (each gateway polls
+// only while serving, and peers learn of each other through their operators).
 func warm(t *testing.T, s *site) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -328,6 +346,44 @@ func TestTwoSitesRouteAndExclude(t *testing.T) {
 		t.Errorf("rejoin took %v", rejoined)
 	}
 	waitFirstServed(t, east.client, "east", 10*time.Second)
+}
+
+// TestHopForwardsTheClient: a request that enters at east and is served
+// by west's provider reaches it saying who sent it into the grid: the
+// client's address, then east's gateway's, in X-Forwarded-For, the Host
+// the client asked east for, and its scheme; never the forwarding fields
+// the client wrote itself.
+func TestHopForwardsTheClient(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}})
+	east, west := g["east"], g["west"]
+	warm(t, east)
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	waitSnapshot(t, east, func(ready bool) bool { return !ready }, 10*time.Second)
+
+	req, _ := http.NewRequest(http.MethodPost, "http://"+east.client+"/v1/chat/completions", strings.NewReader(chatBody(1, false)))
+	req.Host = "api.example"
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Forwarded-For", "6.6.6.6")
+	req.Header.Set("X-Forwarded-Host", "spoofed.example")
+	west.seen.Store(nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Grid-Site") != "west" {
+		t.Fatalf("status %d served by %q, want 200 by west", resp.StatusCode, resp.Header.Get("X-Grid-Site"))
+	}
+	h := west.seen.Load()
+	if h == nil {
+		t.Fatal("west's provider saw no request")
+	}
+	for k, want := range map[string]string{"X-Forwarded-For": "127.0.0.1, 127.0.0.1", "X-Forwarded-Host": "api.example", "X-Forwarded-Proto": "http"} {
+		if got := strings.Join((*h)[k], ","); got != want {
+			t.Errorf("west's provider saw %s %q, want %q", k, got, want)
+		}
+	}
 }
 
 // waitSnapshot sends requests (keeping the gateway polling) until the

@@ -343,7 +343,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 			g.streams.waited()
 		}
 	}()
-	req := upstreamRequest(outCtx, r, c.Upstream)
+	req := upstreamRequest(outCtx, r, c.Upstream, x.peer != nil)
 	if ans.bound && !c.Local {
 		req.Header.Set(headerBoundProvider, c.Provider)
 	}

@@ -60,15 +60,19 @@ const forwardExtra = 4
 // forwardHeader is the header r goes upstream with: r's end-to-end fields
 // (not the hop-by-hop ones, nor those its Connection field names), "Te:
 // trailers" when the client accepts trailers, and X-Forwarded-For (the
-// client's address), X-Forwarded-Host and X-Forwarded-Proto written afresh
-// (a client's own are dropped: an upstream must not trust them). A client
+// client's address), X-Forwarded-Host and X-Forwarded-Proto. A client's
+// own forwarding fields are dropped (an upstream must not trust them);
+// those of a peer gateway whose certificate the hop verified (fromPeer)
+// are its word about its own client, as its board is its word about its
+// load: kept, its address appended to X-Forwarded-For, so a provider
+// behind the exit gateway sees the client that entered the grid. A client
 // that sent no User-Agent is forwarded without one, not with Go's. The
 // values are r's own slices, not copies: nothing writes into them.
-func forwardHeader(r *http.Request) http.Header {
+func forwardHeader(r *http.Request, fromPeer bool) http.Header {
 	in := r.Header
 	h := make(http.Header, len(in)+forwardExtra)
 	for k, vv := range in {
-		if !hopHeader(k) && !forwardedHeader(k) {
+		if !hopHeader(k) && (!forwardedHeader(k) || fromPeer && k != "Forwarded") {
 			h[k] = vv
 		}
 	}
@@ -77,13 +81,19 @@ func forwardHeader(r *http.Request) http.Header {
 		h["Te"] = teTrailers
 	}
 	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := h["X-Forwarded-For"]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
 		h["X-Forwarded-For"] = []string{ip}
 	}
-	h["X-Forwarded-Host"] = []string{r.Host}
-	if r.TLS != nil {
-		h["X-Forwarded-Proto"] = protoHTTPS
-	} else {
+	if h["X-Forwarded-Host"] == nil {
+		h["X-Forwarded-Host"] = []string{r.Host}
+	}
+	if h["X-Forwarded-Proto"] == nil {
 		h["X-Forwarded-Proto"] = protoHTTP
+		if r.TLS != nil {
+			h["X-Forwarded-Proto"] = protoHTTPS
+		}
 	}
 	if _, ok := in["User-Agent"]; !ok {
 		h["User-Agent"] = noUserAgent
@@ -132,8 +142,9 @@ func hasToken(values []string, token string) bool {
 // on ctx: r's method, its path under base's, its query after base's (a
 // query the upstream could split differently from Go, with a ';' or a bad
 // escape, is sent re-encoded from what parses), and forwardHeader's
-// header. Its Host is base's. The caller sets the body.
-func upstreamRequest(ctx context.Context, r *http.Request, base *url.URL) *http.Request {
+// header (fromPeer: r came over the hop from a verified peer gateway). Its
+// Host is base's. The caller sets the body.
+func upstreamRequest(ctx context.Context, r *http.Request, base *url.URL, fromPeer bool) *http.Request {
 	u := &url.URL{Scheme: base.Scheme, Host: base.Host, RawQuery: base.RawQuery}
 	u.Path, u.RawPath = joinPath(base, r.URL)
 	if q := cleanQuery(r.URL.RawQuery); q != "" {
@@ -142,7 +153,7 @@ func upstreamRequest(ctx context.Context, r *http.Request, base *url.URL) *http.
 		}
 		u.RawQuery += q
 	}
-	out := &http.Request{Method: r.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: forwardHeader(r)}
+	out := &http.Request{Method: r.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: forwardHeader(r, fromPeer)}
 	return out.WithContext(ctx)
 }
 

@@ -20,15 +20,16 @@ import (
 // TestForwardHeader: what of a client's header goes upstream. Hop-by-hop
 // fields stay on their connection (RFC 9110 §7.6.1), with those the
 // client's Connection field names; a client's forwarding fields are
-// replaced by the gateway's; trailers are accepted upstream only when the
+// replaced by the gateway's, a verified peer gateway's kept; trailers are accepted upstream only when the
 // client accepts them; a client without a User-Agent is not given Go's.
 func TestForwardHeader(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		in     http.Header
-		tls    bool
-		remote string
-		want   http.Header
+		name     string
+		in       http.Header
+		tls      bool
+		fromPeer bool
+		remote   string
+		want     http.Header
 	}{
 		{
 			name:   "end-to-end fields pass, the gateway's forwarding fields are added",
@@ -55,6 +56,23 @@ func TestForwardHeader(t *testing.T) {
 			want:   http.Header{"User-Agent": {"c"}, "X-Forwarded-For": {"10.0.0.7"}, "X-Forwarded-Host": {"gw.example"}, "X-Forwarded-Proto": {"http"}},
 		},
 		{
+			name: "a verified peer gateway's forwarding fields are its client's: kept, its address appended",
+			in: http.Header{"Forwarded": {"for=1.2.3.4"}, "X-Forwarded-For": {"10.0.0.7"}, "X-Forwarded-Host": {"api.example"},
+				"X-Forwarded-Proto": {"https"}, "User-Agent": {"c"}},
+			remote:   "192.168.1.2:443",
+			tls:      true,
+			fromPeer: true,
+			want:     http.Header{"User-Agent": {"c"}, "X-Forwarded-For": {"10.0.0.7, 192.168.1.2"}, "X-Forwarded-Host": {"api.example"}, "X-Forwarded-Proto": {"https"}},
+		},
+		{
+			name:     "a peer gateway that sent none gets the gateway's",
+			in:       http.Header{"User-Agent": {"c"}},
+			remote:   "192.168.1.2:443",
+			tls:      true,
+			fromPeer: true,
+			want:     http.Header{"User-Agent": {"c"}, "X-Forwarded-For": {"192.168.1.2"}, "X-Forwarded-Host": {"gw.example"}, "X-Forwarded-Proto": {"https"}},
+		},
+		{
 			name:   "Te goes on as trailers only, when the client accepts them",
 			in:     http.Header{"Te": {"gzip, Trailers;q=0.5"}, "User-Agent": {"c"}},
 			remote: "10.0.0.7:1",
@@ -73,7 +91,7 @@ func TestForwardHeader(t *testing.T) {
 				r.TLS = &tls.ConnectionState{}
 			}
 			before := tc.in.Clone()
-			if got := forwardHeader(r); !reflect.DeepEqual(got, tc.want) {
+			if got := forwardHeader(r, tc.fromPeer); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("forwarded\n%v\nwant\n%v", got, tc.want)
 			}
 			if !reflect.DeepEqual(tc.in, before) {
@@ -113,7 +131,7 @@ func TestUpstreamRequestURL(t *testing.T) {
 		base, _ := url.Parse(tc.base)
 		in := httptest.NewRequest(http.MethodPost, tc.req, nil)
 		ctx := context.WithValue(context.Background(), rejoinKey{}, "marker")
-		out := upstreamRequest(ctx, in, base)
+		out := upstreamRequest(ctx, in, base, false)
 		if got := out.URL.String(); got != tc.want {
 			t.Errorf("%s + %s: %s, want %s", tc.base, tc.req, got, tc.want)
 		}
