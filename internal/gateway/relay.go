@@ -17,9 +17,10 @@ import (
 // request's context, parsed the answer's media type and started a timer
 // goroutine to flush a stream's head, none of which an OpenAI API request
 // needs (BENCHMARKS.md, CPU per request). The rules are the proxy's
-// (RFC 9110 §7.6.1 hop-by-hop fields, X-Forwarded-*), tested in
-// relay_test.go; what it does not do is relay 1xx answers or protocol
-// upgrades, which no OpenAI API request asks for (docs/gateway.md).
+// (RFC 9110 §7.6.1 hop-by-hop fields, X-Forwarded-*), but that a verified
+// peer gateway's forwarding fields are kept; they are tested in
+// relay_test.go. It does not relay 1xx answers or protocol upgrades, which
+// no OpenAI API request asks for (docs/gateway.md).
 
 // hopHeader reports whether name (canonical) is a field of one connection,
 // never forwarded: the fields RFC 9110 §7.6.1 names, those of older HTTP
