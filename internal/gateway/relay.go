@@ -56,7 +56,7 @@ var (
 )
 
 // forwardExtra is how many fields forwardHeader may add to the client's.
-const forwardExtra = 4
+const forwardExtra = 5
 
 // forwardHeader is the header r goes upstream with: r's end-to-end fields
 // (not the hop-by-hop ones, nor those its Connection field names), "Te:
