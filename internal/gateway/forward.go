@@ -425,24 +425,14 @@ func (x *exchange) attemptFailed(tw *trackingWriter, c *route.Candidate, ans *an
 }
 
 // copyAttached copies the rest of a stream the server would not give up
-// (detach), as the proxy does: each read written and flushed at once.
+// (detach), as relayAnswer does: each read written and flushed at once.
+// A failed write is the client gone, a failed read the upstream's cut
+// (watchedBody has told the client): either way the stream just ends.
 func copyAttached(w http.ResponseWriter, body io.ReadCloser) {
 	defer body.Close()
 	buf := streamBuffers.Get().(*[]byte)
 	defer streamBuffers.Put(buf)
-	rc := http.NewResponseController(w)
-	for {
-		n, err := body.Read(*buf)
-		if n > 0 {
-			if _, werr := w.Write((*buf)[:n]); werr != nil {
-				return
-			}
-			rc.Flush()
-		}
-		if err != nil {
-			return
-		}
-	}
+	copyBody(w, body, *buf, true)
 }
 
 // upstreamFailure classifies a failed attempt, the reason label of

@@ -220,22 +220,9 @@ func relayAnswer(w *trackingWriter, resp *http.Response, stream bool) {
 	}
 	buf := pool.Get().(*[]byte)
 	defer pool.Put(buf)
-	for {
-		n, err := resp.Body.Read(*buf)
-		if n > 0 {
-			if _, werr := w.Write((*buf)[:n]); werr != nil {
-				err = werr
-			} else if flush {
-				w.Flush()
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			resp.Body.Close()
-			panic(http.ErrAbortHandler)
-		}
+	if err := copyBody(w, resp.Body, *buf, flush); err != nil {
+		resp.Body.Close()
+		panic(http.ErrAbortHandler)
 	}
 	resp.Body.Close() // the transport fills resp.Trailer at the body's end
 	if len(resp.Trailer) > 0 {
@@ -244,6 +231,30 @@ func relayAnswer(w *trackingWriter, resp *http.Response, stream bool) {
 			for _, v := range vv {
 				h.Add(http.TrailerPrefix+k, v)
 			}
+		}
+	}
+}
+
+// copyBody copies body to w one read at a time, each read written at once
+// and, with flush, flushed at once; it returns the first error reading or
+// writing, nil at the body's end.
+func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, flush bool) error {
+	f, _ := w.(http.Flusher)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if flush && f != nil {
+				f.Flush()
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
 		}
 	}
 }
