@@ -20,8 +20,9 @@ import (
 // TestForwardHeader: what of a client's header goes upstream. Hop-by-hop
 // fields stay on their connection (RFC 9110 §7.6.1), with those the
 // client's Connection field names; a client's forwarding fields are
-// replaced by the gateway's, a verified peer gateway's kept; trailers are accepted upstream only when the
-// client accepts them; a client without a User-Agent is not given Go's.
+// replaced by the gateway's, a verified peer gateway's kept; trailers are
+// accepted upstream only when the client accepts them; a client without a
+// User-Agent is not given Go's.
 func TestForwardHeader(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
