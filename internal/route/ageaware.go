@@ -318,12 +318,9 @@ type siteWater struct {
 	// read is its readings' capacity-weighted load at the readings: less
 	// its board, what its completions since are predicted to be (spread).
 	read float64
-	// offset is the load the site is read fuller by than its readings
-	// say: its headroom and, in the latency policy, its round trip; board
-	// and load include it.
+	// offset is the load the latency policy reads a remote site's round
+	// trip as; board and load include it.
 	offset float64
-	// headroom is the part of offset its size asks for (readBySize).
-	headroom float64
 	// unitMs is its providers' capacity-weighted unit: its mean request
 	// duration.
 	unitMs float64
@@ -557,37 +554,9 @@ func (pk *ageAwarePicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uin
 			return p
 		}
 	}
-	w.readBySize()
 	level := w.level()
 	below := w.distances(level, pk.uncertain)
 	return w.draw(pk, s, group[:n], w.byShare(&below, level, turn), turn, nowMs, 1)
-}
-
-// poolHeadroom is β of square-root staffing (Halfin and Whitt, 1981): a
-// pool of c slots run at the same utilisation as a larger one queues
-// sooner and longer, and pools wait alike when each keeps about β√c slots
-// idle. At load 0.9, β is 0.45 for sites of 8, 16 and 32 slots and 0.55
-// for 8, 8, 16, 32 and 64. In the harness, 63 cells (3 seeds), the draw
-// by share with it at 0.5 lowered the mean in 41 and raised it in 4, by
-// at most 0.004; at 1 it gained more and lost up to 0.008 at 4/4/4/64
-// (docs/design/routing-experiments.md).
-const poolHeadroom = 0.5
-
-// readBySize reads each site fuller by its headroom, β/√capacity in
-// load, so the level leaves a small site more of its slots idle than a
-// large one. Only the draws read it: the own count's least loaded site
-// and a pick's room are the loads as predicted.
-func (w *water) readBySize() {
-	for j := range w.sites[:w.n] {
-		sw := &w.sites[j]
-		if !sw.used || !(sw.capacity > 0) {
-			continue
-		}
-		sw.headroom = poolHeadroom / math.Sqrt(sw.capacity)
-		sw.offset += sw.headroom
-		sw.board += sw.headroom
-		sw.load += sw.headroom
-	}
 }
 
 // ownLeast returns the site whose load, as this gateway's own requests
@@ -800,9 +769,8 @@ func (w *water) draw(pk *ageAwarePicker, s *Snapshot, group []int32, site int, t
 	// Room is the site's: a provider of an eighth of a slot never has a
 	// whole one, and its site's answers would then never teach the pace.
 	sw := &w.sites[site]
-	load := sw.load - sw.headroom
-	room := load*sw.capacity+1 <= sw.capacity+levelSlack
-	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room, Load: some(load)}
+	room := sw.load*sw.capacity+1 <= sw.capacity+levelSlack
+	return Pick{Outcome: Routed, Path: PathAgeAware, Candidate: c, Room: room, Load: some(sw.load)}
 }
 
 // within draws, among the providers of the site in slot site, one for one

@@ -145,7 +145,6 @@ func (pk *latencyPicker) pick(s *Snapshot, healthy []int32, cost Cost, turn uint
 			sw.load += sw.offset
 		}
 	}
-	w.readBySize()
 	level := w.level()
 	weight := pk.costs.Weight(cost)
 	prefillMs := pk.costs.PrefillMs(cost)

@@ -1636,29 +1636,3 @@ func TestFullByTheOwnCount(t *testing.T) {
 		t.Errorf("asking whether full moved a pick: %s then %s", before.Candidate.Site, after.Candidate.Site)
 	}
 }
-
-// TestSmallSiteKeptMoreIdle: two sites read at the same utilisation, one
-// of 8 slots and one of 32. A pool of 8 at that utilisation queues sooner
-// and longer than one of 32, so the draw leaves the small one more of its
-// slots idle: it takes less than its fifth of the capacity (readBySize).
-func TestSmallSiteKeptMoreIdle(t *testing.T) {
-	w := newWorld(t, "small", "large")
-	w.ageAware, w.shareOnly, w.meanMs, w.set.WindowMs = true, true, 1000, 60_000
-	w.publish("small", 1000, obs{running: 8, queue: f(0)}) // teach 8 and 32
-	w.publish("large", 1000, obs{running: 32, queue: f(0)})
-	w.build(1000)
-	w.publish("small", 2000, obs{running: 6, queue: f(0)})
-	w.publish("large", 2000, obs{running: 24, queue: f(0)})
-	const picks = 400
-	toSmall := 0
-	for k := range picks {
-		w.aa = nil // a replica of its own: its own sends do not count
-		if w.build(2000).Pick("m", uint64(k), 2500).Candidate.Site == "small" {
-			toSmall++
-		}
-	}
-	// Read at its utilisation alone it takes 20%; by its size, 16%.
-	if share := float64(toSmall) / picks; share > 0.18 || share < 0.1 {
-		t.Errorf("the 8-slot site took %.1f%% of the picks, want 10-18%%: less than its fifth of the capacity", 100*share)
-	}
-}
