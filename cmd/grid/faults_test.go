@@ -1321,8 +1321,13 @@ func bodyBudgetAttack(t *testing.T, g *faultGrid) reliabilityRow {
 	if refused < 40 || refused > 60 {
 		t.Errorf("%v of 60 attacking bodies refused, want the 30 declared ones and most undeclared ones", refused)
 	}
-	if held < 4<<20 {
-		t.Errorf("only %v bytes held: the undeclared bodies should fill the budget", held)
+	// An undeclared body that got its whole 1 MiB holds a 2 MiB buffer
+	// (grown by doubling once full), so 2 to 4 survive; which, and how
+	// many, depends on the order their chunks arrive in. At least one must
+	// be held whole: a budget that refused every undeclared body would
+	// bound memory by refusing what fits.
+	if held < 2<<20-64<<10 { // less the 64 KiB every body holds unreserved
+		t.Errorf("only %v bytes held: no undeclared 1 MiB body was let in under an 8 MiB budget", held)
 	}
 	// The budget, 60 allowances of 64 KiB, and the garbage of growing
 	// buffers; without the budget the bodies alone held 60 MiB.
