@@ -15,57 +15,48 @@ import (
 // TestLyingPeerCannotBuyTraffic runs three sites of real processes on
 // loopback: east, whose gateway the clients call, with a 16-slot engine;
 // west, an honest site with the same; and north, a site with a valid grid
-// certificate whose operator relays claimed idle providers: their metrics
-// come from an engine nothing is sent to, while every request north's
-// gateway takes goes to one 8-slot engine. North claims one provider, then
-// 64. Before the fair cap, the 64-provider claim filled every place a pick
-// weighs and west got none; before site buckets and earned capacity, north
-// drew 0.50 of east's requests claiming one provider and 0.69 claiming 64;
-// while a stream's wait was judged against the readings taken during its
-// decode, north's trust stayed at 0.92-1 and it drew 0.42-0.49 claiming
-// 64 (eight runs).
+// certificate whose operator relays claimed idle providers of 16 slots:
+// their metrics come from an engine nothing is sent to, while every
+// request north's gateway takes goes to one 4-slot engine. North claims
+// one provider, then 64. Believed, north would draw a third of east's
+// requests; by what it serves, a ninth.
 //
-// The test asserts what a user of east sees, with margins measured over
-// eleven runs on two cores, five with both busy: north draws 0.22-0.34 of
-// east's requests claiming one provider and 0.29-0.40 claiming 64, west
-// 0.27-0.35; in the five runs that sampled the trust gauge, east's gateway
-// read north at its 0.05 floor at some second of the 64-provider run
-// (0.34-0.60 claiming one provider, whose 16 slots of floor are twice what
-// north serves), and west at 1 throughout. North draws under 0.45 either
-// way, west at least 0.15.
+// With an 8-slot engine behind north (commits before 0deb065) the test was
+// marginal: north drew about a third of east's 24 streams, eight at a
+// time, which its engine served without a queue, so its answers hardly
+// contradicted its claim, and in one clean-clone CI run of several east
+// never read north below 0.9 (history of the rules that made the
+// difference: docs/security.md). With four slots the lie is plain: in
+// four runs, two with both cores busy, north drew 0.14-0.18 of east's
+// requests either way, west 0.36-0.42, and east read north below 0.9 of
+// its claims in 25-31 of 32-34 samples of each run (at the 0.05 floor),
+// west in none.
 //
-// The trust gauge is asserted over both runs and over the samples, not at
-// its least: with both cores busy a stall delays every stream a site holds
-// at once, and each is judged as a wait (CI read honest west at 0.58 for a
-// moment; docs/design/routing-experiments.md), and one run in four with
-// both cores busy never read north below 1 claiming 64, whose share still
-// held. In four runs more with both cores busy east read north below 0.9
-// in 25-27 of 32-34 samples claiming one provider and 8-26 of 42-45
-// claiming 64, west in none. West is read at 0.9 or more in at least four
-// samples in five of each run, and north below 0.9 at some sample of one
-// of the two.
+// Asserted, with margin: north under 0.30 of east's requests, west at
+// least 0.25; east reads north below 0.9 in at least half the samples of
+// each run, and west at 0.9 or more in at least four samples in five (with
+// both cores busy a stall delays every stream a site holds at once, and
+// each is judged as a wait: CI read honest west at 0.58 for a moment;
+// docs/design/routing-experiments.md).
 func TestLyingPeerCannotBuyTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three sites of real processes under load")
 	}
-	northDistrusted := false
 	for _, claimed := range []int{1, 64} {
 		share, trust := runLyingPeer(t, claimed)
 		t.Logf("north claims %d provider(s): shares of east's requests %v; trust east read %v", claimed, share, trust)
-		// Capacity shares: east 16, west 16, north 8 (what it serves).
-		if s := share["north"]; s >= 0.45 {
-			t.Errorf("claiming %d provider(s) north draws %.2f of east's requests, serving a fifth of the capacity", claimed, s)
+		if s := share["north"]; s >= 0.30 {
+			t.Errorf("claiming %d provider(s) north draws %.2f of east's requests, serving a ninth of the capacity", claimed, s)
 		}
-		if s := share["west"]; s < 0.15 {
-			t.Errorf("north claiming %d: west, with room, drew %.2f (its capacity share %.2f)", claimed, s, 16.0/40)
+		if s := share["west"]; s < 0.25 {
+			t.Errorf("north claiming %d: west, with room, drew %.2f (its capacity share %.2f)", claimed, s, 16.0/36)
 		}
 		if w := trust["west"]; w.samples == 0 || float64(w.below) > 0.2*float64(w.samples) {
 			t.Errorf("north claiming %d: east read honest west below 0.9 of its claims in %d of %d samples (least %.2f)", claimed, w.below, w.samples, w.least)
 		}
-		northDistrusted = northDistrusted || trust["north"].below > 0
-	}
-	if !northDistrusted {
-		t.Errorf("claiming idle providers while its requests queue, north was never read below 0.9 of its claims")
+		if n := trust["north"]; n.samples == 0 || 2*n.below < n.samples {
+			t.Errorf("north claiming %d idle provider(s) while its requests queue: east read it below 0.9 of its claims in only %d of %d samples", claimed, n.below, n.samples)
+		}
 	}
 }
 
@@ -107,11 +98,11 @@ func runLyingPeer(t *testing.T, claimed int) (share map[string]float64, trust ma
 	for _, n := range names {
 		s := sites[n]
 		s.engine, s.signals, s.opMetrics, s.client, s.hop, s.gwMetrics = freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
-		endpoints := "2"
+		endpoints, slots := "2", "8"
 		if n == "north" {
-			endpoints = "1"
+			endpoints, slots = "1", "4"
 		}
-		start(t, "sim", "--kind", "epp", "--listen", s.engine, "--endpoints", endpoints, "--slots", "8", "--ttft", "10ms", "--tpot", "5ms")
+		start(t, "sim", "--kind", "epp", "--listen", s.engine, "--endpoints", endpoints, "--slots", slots, "--ttft", "10ms", "--tpot", "5ms")
 		s.metrics = s.engine
 		if n == "north" {
 			// North's providers report an engine nothing is sent to: idle,
