@@ -210,15 +210,27 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request, ms
 		}
 	}
 	b := &body{t: t, c: c, ctx: ctx, rc: resp.Body, stop: stop, wrote: wrote, keep: !resp.Close}
-	if resp.Body == http.NoBody {
+	if resp.Body == nil { // framed by parseHead: its body reads off c
+		b.framed = framedBody{br: c.br, resp: resp, remain: resp.ContentLength}
+		if resp.ContentLength < 0 {
+			b.framed.chunks = httputil.NewChunkedReader(c.br)
+		}
+		b.rc = &b.framed
+	}
+	if resp.Body == http.NoBody || resp.ContentLength == 0 {
 		b.finish(b.keep) // nothing to read: the connection is free now
 	}
 	resp.Body = b
 	return resp, nil
 }
 
-// readHead reads an answer's head, past any 1xx interim answer.
+// readHead reads an answer's head, past any 1xx interim answer: one of the
+// plain shape by parseHead (its Body left nil, for the caller to frame),
+// any other by net/http.
 func readHead(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	if resp, ok := parseHead(br, req); ok {
+		return resp, nil
+	}
 	for {
 		resp, err := http.ReadResponse(br, req)
 		if err != nil {
@@ -239,13 +251,15 @@ func isLost(err error) bool {
 // one goroutine at a time; Close may come from another (a caller
 // cancelling), so the connection's fate is decided under mu.
 type body struct {
-	t     *Transport
-	c     *conn
-	ctx   context.Context
-	rc    io.ReadCloser
-	stop  func() bool
-	wrote chan error
-	keep  bool
+	t   *Transport
+	c   *conn
+	ctx context.Context
+	rc  io.ReadCloser
+	// framed is rc when parseHead read the head (one allocation for both).
+	framed framedBody
+	stop   func() bool
+	wrote  chan error
+	keep   bool
 
 	mu   sync.Mutex
 	done bool
