@@ -21,7 +21,7 @@ import (
 // one provider, then 64. Believed, north would draw a third of east's
 // requests; by what it serves, a ninth.
 //
-// With an 8-slot engine behind north (commits before 0deb065) the test was
+// With an 8-slot engine behind north (up to commit 0deb065) the test was
 // marginal: north drew about a third of east's 24 streams, eight at a
 // time, which its engine served without a queue, so its answers hardly
 // contradicted its claim, and in one clean-clone CI run of several east
