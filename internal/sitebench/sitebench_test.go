@@ -209,3 +209,54 @@ func TestStreamErrorEventIsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestTablesPoolTheRunsTail: a cell's pooled TTFT p99 is that of every
+// run's requests together, not the mean of the runs' p99s. Two runs of a
+// hundred requests, 1-100 ms and 101-200 ms: the runs' p99s are 99 and
+// 199 ms (mean 149), the pooled p99 of the two hundred is 198 ms;
+// nginx-wrr's runs, half as slow, pool to 99 ms: 2.00×.
+func TestTablesPoolTheRunsTail(t *testing.T) {
+	ms := func(from, to int, scale time.Duration) []time.Duration {
+		var d []time.Duration
+		for i := from; i <= to; i++ {
+			d = append(d, time.Duration(i)*scale)
+		}
+		return d
+	}
+	var results []Result
+	for run, r := range []struct {
+		router string
+		ttft   []time.Duration
+	}{
+		{"grid", ms(1, 100, time.Millisecond)},
+		{"grid", ms(101, 200, time.Millisecond)},
+		{"nginx-wrr", ms(1, 100, time.Millisecond/2)},
+		{"nginx-wrr", ms(101, 200, time.Millisecond/2)},
+	} {
+		results = append(results, summarise(Steady, r.router, run%2, outcomes(r.ttft), 0))
+	}
+	var out strings.Builder
+	WriteTables(&out, Config{Slots: []int{8}, Routers: []Router{{Name: "grid"}, {Name: "nginx-wrr"}}, Scenarios: []Scenario{Steady}, Runs: 2}, results)
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "grid" || f[0] == "nginx-wrr") {
+			rows[f[0]] = f
+		}
+	}
+	// router requests errors p50 p99 mean e2e-p99 p99× mean× pooled pooled× share...
+	if g := rows["grid"]; len(g) < 11 || g[4] != "149±635" || g[9] != "198" || g[10] != "2.00" {
+		t.Errorf("grid's row %q: want the runs' p99 149±635 ms, pooled 198 ms, pooled 2.00× nginx-wrr's\n%s", g, out.String())
+	}
+	if n := rows["nginx-wrr"]; len(n) < 11 || n[9] != "99" {
+		t.Errorf("nginx-wrr's row %q: want pooled 99 ms\n%s", n, out.String())
+	}
+}
+
+// outcomes are answered requests of the given times to first token.
+func outcomes(ttft []time.Duration) []outcome {
+	var outs []outcome
+	for _, d := range ttft {
+		outs = append(outs, outcome{ttft: d, e2e: d, site: "s0", entrySite: "s0"})
+	}
+	return outs
+}
