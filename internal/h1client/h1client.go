@@ -553,25 +553,39 @@ func validHost(s string) bool { return alnumOr(s, "!$%&'()*+,-.:;=[]_~") }
 // break can split the head (net/http's transport refuses the same).
 func validHeaderValue(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
+		if !validValueByte(s[i]) {
 			return false
 		}
 	}
 	return true
 }
 
-// validToken reports whether s is an RFC 9110 token (a method, a field
-// name).
-func validToken(s string) bool { return s != "" && alnumOr(s, "!#$%&'*+-.^_`|~") }
+// validValueByte reports whether c may be in a field value, written or
+// read: visible, a space, a tab or any byte past ASCII.
+func validValueByte(c byte) bool { return c >= ' ' && c != 0x7f || c == '\t' }
+
+// tokenExtra is what an RFC 9110 token (a method, a field name) holds
+// beside letters and digits.
+const tokenExtra = "!#$%&'*+-.^_`|~"
+
+// validToken reports whether s is an RFC 9110 token.
+func validToken(s string) bool { return s != "" && alnumOr(s, tokenExtra) }
+
+// validNameByte reports whether c may be in a field name.
+func validNameByte(c byte) bool { return alnumOrByte(c, tokenExtra) }
 
 // alnumOr reports whether every byte of s is a letter, a digit or one of
 // extra.
 func alnumOr(s, extra string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0) {
+		if !alnumOrByte(s[i], extra) {
 			return false
 		}
 	}
 	return true
+}
+
+// alnumOrByte reports whether c is a letter, a digit or one of extra.
+func alnumOrByte(c byte, extra string) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0
 }

@@ -285,13 +285,3 @@ func trailerEndBuffered(br *bufio.Reader) bool {
 		}
 	}
 }
-
-// validNameByte reports whether c may be in a field name (an RFC 9110
-// token).
-func validNameByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-// validValueByte reports whether c may be in a field value as net/http
-// reads one: visible, a space, a tab or any byte past ASCII.
-func validValueByte(c byte) bool { return c >= ' ' && c != 0x7f || c == '\t' }
