@@ -43,6 +43,10 @@ type Router struct {
 	// balancing instead of weighted round robin; LocalOnly gives each
 	// instance its own site's engines alone (what staying local costs).
 	Nginx, LeastConn, LocalOnly bool
+	// Model runs the cell on a model of the sims under that rule instead
+	// of on processes (model.go): routers no process can run, and nginx's
+	// rule on the same model to read them against.
+	Model ModelRule
 }
 
 // Routers are the routers --routers names.
@@ -54,6 +58,10 @@ var Routers = []Router{
 	{Name: "nginx-wrr", Nginx: true},
 	{Name: "nginx-least-conn", Nginx: true, LeastConn: true},
 	{Name: "nginx-local", Nginx: true, LocalOnly: true},
+	{Name: "model:nginx-wrr", Model: ModelWRR},
+	{Name: "model:jsq", Model: ModelJSQ},
+	{Name: "model:site-oracle", Model: ModelSiteOracle},
+	{Name: "model:one-line", Model: ModelOneLine},
 }
 
 // Scenario is what happens during a cell.
@@ -159,10 +167,17 @@ func errorKind(err string) string {
 // Run runs every scenario × router × run and returns the results in that
 // order.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
-	if cfg.Binary == "" {
-		return nil, errors.New("sitebench: no grid binary")
-	}
 	for _, r := range cfg.Routers {
+		if r.Model == "" && cfg.Binary == "" {
+			return nil, errors.New("sitebench: no grid binary")
+		}
+		if r.Model != "" {
+			for _, sc := range cfg.Scenarios {
+				if !slices.Contains(modelScenarios, sc) {
+					return nil, fmt.Errorf("sitebench: %s runs on a model of the sims, which has no %s (only %v)", r.Name, sc, modelScenarios)
+				}
+			}
+		}
 		if r.Nginx {
 			if _, err := exec.LookPath(nginxBinary); err != nil {
 				return nil, ErrNoNginx
@@ -181,8 +196,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, fmt.Errorf("%s, %s, run %d: %w", sc, router.Name, run+1, err)
 				}
 				if cfg.Log != nil {
-					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors %v, ttft p50 %v p99 %v, e2e mean %v p99 %v, cpu busy %.0f%%\n", sc, router.Name, run+1,
-						res.Requests, res.Errors, res.ErrorKinds, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99, 100*res.CPUBusy)
+					busy := "modelled"
+					if res.CPUBusy >= 0 {
+						busy = fmt.Sprintf("cpu busy %.0f%%", 100*res.CPUBusy)
+					}
+					fmt.Fprintf(cfg.Log, "%s %s run %d: %d requests, %d errors %v, ttft p50 %v p99 %v, e2e mean %v p99 %v, %s\n", sc, router.Name, run+1,
+						res.Requests, res.Errors, res.ErrorKinds, res.TTFTP50, res.TTFTP99, res.E2EMean, res.E2EP99, busy)
 					for _, e := range res.ErrorSample {
 						fmt.Fprintf(cfg.Log, "  error: %s\n", e)
 					}
@@ -210,8 +229,6 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	if sc == MixedPrompts {
 		timing.SharedPrefill, sizes = true, MixedPromptSizes
 	}
-	st := &stack{bin: cfg.Binary, dir: dir, timing: timing, sites: sites, router: router}
-	defer st.close()
 	slots := 0
 	var entries []string
 	for _, s := range sites {
@@ -224,6 +241,15 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	}
 	seed := cfg.Seed + uint64(run)*0x9E3779B97F4A7C15
 	w := NewWorkload(seed, warmup+cfg.Duration, cfg.Load, slots, len(entries), cfg.Arrivals, timing, sizes)
+	if router.Model != "" {
+		outs, err := replay(w, sites, cfg.Replicas, timing, router.Model)
+		if err != nil {
+			return Result{}, err
+		}
+		return finishCell(cfg, sc, router, run, outs, warmup, -1)
+	}
+	st := &stack{bin: cfg.Binary, dir: dir, timing: timing, sites: sites, router: router}
+	defer st.close()
 	if err := st.startSims(); err != nil {
 		return Result{}, err
 	}
@@ -310,9 +336,14 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			return Result{}, fmt.Errorf("the scenario's event: %w", eventErr)
 		}
 	}
-	outs := gen.outcomes()
+	return finishCell(cfg, sc, router, run, gen.outcomes(), warmup, busy.since())
+}
+
+// finishCell summarises a cell's outcomes, with the machine's busy share
+// while it ran (-1: not measured), and writes them out when asked.
+func finishCell(cfg Config, sc Scenario, router Router, run int, outs []outcome, warmup time.Duration, cpuBusy float64) (Result, error) {
 	res := summarise(sc, router.Name, run, outs, warmup)
-	res.CPUBusy = busy.since()
+	res.CPUBusy = cpuBusy
 	if cfg.RequestsOut != "" {
 		name := filepath.Join(cfg.RequestsOut, fmt.Sprintf("%s-%s-%d.tsv", sc, strings.ReplaceAll(router.Name, ":", "_"), run+1))
 		if err := writeRequests(name, outs); err != nil {
