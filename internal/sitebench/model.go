@@ -48,21 +48,33 @@ const (
 	ModelOneLine ModelRule = "one-line"
 )
 
-// modelScenarios are the scenarios a modelled router can run: those where
-// nothing happens to the sites during the cell.
-var modelScenarios = []Scenario{Steady, MixedPrompts}
+// modelScenarios are the scenarios a modelled router can run: those that
+// change the load, not the processes.
+var modelScenarios = []Scenario{Steady, MixedPrompts, ExternalLoad, CapacityDrop}
 
-// replay runs w through router m on a model of sites under t and returns
-// every request's outcome, as a cell on processes would.
-func replay(w Workload, sites []*site, replicas int, t Timing, m ModelRule) ([]outcome, error) {
+// siteEvents is what happens to a site during a modelled cell, as runCell
+// does it to the processes.
+type siteEvents struct {
+	// site is the index of the site they happen to.
+	site int
+	// external are requests sent to its EPP directly, bypassing the
+	// router and not measured (ExternalLoad), their At from the start.
+	external []Request
+	// From dropAt to backAt it has dropTo engines (CapacityDrop): those
+	// dropped finish what they hold and take nothing new; those back
+	// start empty, as the sim's.
+	dropAt, backAt time.Duration
+	dropTo         int
+}
+
+// replay runs w through router m on a model of sites under t, with ev
+// happening to them, and returns every measured request's outcome, as a
+// cell on processes would.
+func replay(w Workload, sites []*site, replicas int, t Timing, m ModelRule, ev siteEvents) ([]outcome, error) {
 	g := &modelGrid{timing: t, rule: m}
 	for si, s := range sites {
-		var ids []int
-		for range s.endpoints {
-			ids = append(ids, len(g.engines))
-			g.engines = append(g.engines, &modelEngine{site: si, slots: s.perEngine})
-		}
-		g.sites = append(g.sites, modelSite{engines: ids, slots: s.slots})
+		g.sites = append(g.sites, modelSite{perEngine: s.perEngine, slots: s.slots})
+		g.resize(si, s.endpoints, 0)
 	}
 	switch m {
 	case ModelWRR:
@@ -77,14 +89,26 @@ func replay(w Workload, sites []*site, replicas int, t Timing, m ModelRule) ([]o
 	reqs := make([]*modelRequest, len(w.Requests))
 	for i, r := range w.Requests {
 		reqs[i] = &modelRequest{Request: r, entrySite: r.Entry / replicas}
-		g.push(modelEvent{at: r.At, arrival: reqs[i]})
+		g.push(modelEvent{at: r.At, kind: arrival, req: reqs[i]})
+	}
+	for _, r := range ev.external {
+		g.push(modelEvent{at: r.At, kind: bypass, req: &modelRequest{Request: r}, site: ev.site})
+	}
+	if ev.backAt > ev.dropAt {
+		g.push(modelEvent{at: ev.dropAt, kind: resize, site: ev.site, engines: ev.dropTo})
+		g.push(modelEvent{at: ev.backAt, kind: resize, site: ev.site, engines: sites[ev.site].endpoints})
 	}
 	for g.events.Len() > 0 {
-		ev := heap.Pop(&g.events).(modelEvent)
-		if ev.arrival != nil {
-			g.arrive(ev.arrival, ev.at)
-		} else {
-			g.depart(ev.engine, ev.at)
+		e := heap.Pop(&g.events).(modelEvent)
+		switch e.kind {
+		case arrival:
+			g.arrive(e.req, e.at)
+		case bypass:
+			g.send(e.req, g.eppPick(e.site), e.at)
+		case departure:
+			g.depart(e.engine, e.at)
+		case resize:
+			g.resize(e.site, e.engines, e.at)
 		}
 	}
 	out := make([]outcome, len(reqs))
@@ -113,9 +137,29 @@ type modelEngine struct {
 	prefillFree time.Duration
 }
 
+// modelSite is a site: the engines its EPP picks from (indices into
+// modelGrid.engines), of perEngine slots each; slots is its configured
+// total, which nginx's weights read.
 type modelSite struct {
-	engines []int
-	slots   int
+	engines          []int
+	perEngine, slots int
+}
+
+// resize gives site n engines at now: those past n finish what they hold
+// and take nothing new; those added start empty.
+func (g *modelGrid) resize(site, n int, now time.Duration) {
+	s := &g.sites[site]
+	if n <= len(s.engines) {
+		s.engines = s.engines[:n:n]
+		return
+	}
+	for len(s.engines) < n {
+		s.engines = append(s.engines, len(g.engines))
+		g.engines = append(g.engines, &modelEngine{site: site, slots: s.perEngine})
+	}
+	if g.rule == ModelOneLine {
+		g.dispatchLine(now)
+	}
 }
 
 type modelGrid struct {
@@ -127,7 +171,7 @@ type modelGrid struct {
 	// (ModelWRR); line the grid's one line (ModelOneLine).
 	wrr    [][]int
 	line   []*modelRequest
-	events modelEvents
+	events modelEventQueue
 	seq    int
 }
 
@@ -142,7 +186,7 @@ func (g *modelGrid) arrive(r *modelRequest, now time.Duration) {
 			for _, e := range s.engines {
 				n += len(g.engines[e].running) + len(g.engines[e].queue)
 			}
-			if l := float64(n+1) / float64(s.slots); l < bestLoad {
+			if l := float64(n+1) / float64(len(s.engines)*s.perEngine); l < bestLoad {
 				best, bestLoad = si, l
 			}
 		}
@@ -162,17 +206,18 @@ func (g *modelGrid) arrive(r *modelRequest, now time.Duration) {
 	}
 }
 
+// depart ends a request at engine: the engine's own queue (requests that
+// bypassed the line included) takes the slot first.
 func (g *modelGrid) depart(engine int, now time.Duration) {
 	e := g.engines[engine]
 	e.running = removeOne(e.running, now)
-	if g.rule == ModelOneLine {
-		g.dispatchLine(now)
-		return
-	}
 	if len(e.queue) > 0 {
 		r := e.queue[0]
 		e.queue = e.queue[1:]
 		g.admit(r, engine, now)
+	}
+	if g.rule == ModelOneLine {
+		g.dispatchLine(now)
 	}
 }
 
@@ -229,7 +274,7 @@ func (g *modelGrid) admit(r *modelRequest, engine int, now time.Duration) {
 	r.first, e.prefillFree = g.prefill(e.prefillFree, r.PromptTokens, now)
 	r.done = r.first + time.Duration(max(r.OutputTokens-1, 0))*g.timing.TPOT
 	e.running = append(e.running, r.done)
-	g.push(modelEvent{at: r.done, engine: engine})
+	g.push(modelEvent{at: r.done, kind: departure, engine: engine})
 }
 
 // prefill is the first token of a prompt admitted at now, and the
@@ -264,14 +309,17 @@ func (g *modelGrid) firstToken(engine int, r *modelRequest, now time.Duration) t
 	return first - now
 }
 
-// dispatchLine sends the grid's line, in order, to the engines with a
-// free slot, each to the one whose prefill is free soonest.
+// dispatchLine sends the grid's line, in order, to the sites' engines
+// with a free slot, each to the one whose prefill is free soonest.
 func (g *modelGrid) dispatchLine(now time.Duration) {
 	for len(g.line) > 0 {
 		best := -1
-		for i, e := range g.engines {
-			if len(e.running) < e.slots && (best < 0 || max(e.prefillFree, now) < max(g.engines[best].prefillFree, now)) {
-				best = i
+		for _, s := range g.sites {
+			for _, i := range s.engines {
+				e := g.engines[i]
+				if len(e.running) < e.slots && len(e.queue) == 0 && (best < 0 || max(e.prefillFree, now) < max(g.engines[best].prefillFree, now)) {
+					best = i
+				}
 			}
 		}
 		if best < 0 {
@@ -291,13 +339,24 @@ func removeOne(xs []time.Duration, x time.Duration) []time.Duration {
 	panic("sitebench: a modelled departure of no running request")
 }
 
-// modelEvent is an arrival (arrival set) or a request's end at engine.
+// modelEvent is something that happens at an instant of a modelled cell.
 type modelEvent struct {
-	at      time.Duration
-	seq     int // ties in order of scheduling
-	arrival *modelRequest
-	engine  int
+	at   time.Duration
+	seq  int // ties in order of scheduling
+	kind modelEventKind
+	req  *modelRequest // arrival, bypass
+	// site: bypass and resize; engine: departure; engines: resize.
+	site, engine, engines int
 }
+
+type modelEventKind uint8
+
+const (
+	arrival   modelEventKind = iota // a request at the router
+	bypass                          // a request straight to a site's EPP
+	departure                       // a request's end at an engine
+	resize                          // a site's engines change
+)
 
 func (g *modelGrid) push(ev modelEvent) {
 	g.seq++
@@ -305,18 +364,18 @@ func (g *modelGrid) push(ev modelEvent) {
 	heap.Push(&g.events, ev)
 }
 
-type modelEvents []modelEvent
+type modelEventQueue []modelEvent
 
-func (q modelEvents) Len() int { return len(q) }
-func (q modelEvents) Less(i, j int) bool {
+func (q modelEventQueue) Len() int { return len(q) }
+func (q modelEventQueue) Less(i, j int) bool {
 	if q[i].at != q[j].at {
 		return q[i].at < q[j].at
 	}
 	return q[i].seq < q[j].seq
 }
-func (q modelEvents) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *modelEvents) Push(x any)   { *q = append(*q, x.(modelEvent)) }
-func (q *modelEvents) Pop() any {
+func (q modelEventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *modelEventQueue) Push(x any)   { *q = append(*q, x.(modelEvent)) }
+func (q *modelEventQueue) Pop() any {
 	old := *q
 	x := old[len(old)-1]
 	*q = old[:len(old)-1]

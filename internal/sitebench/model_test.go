@@ -39,7 +39,7 @@ func TestModelledRoutersWorkedExample(t *testing.T) {
 		{ModelSiteOracle, [3]time.Duration{ms(1020), ms(25), ms(25)}, "s1"},
 		{ModelOneLine, [3]time.Duration{ms(1020), ms(25), ms(25)}, "s1"},
 	} {
-		outs, err := replay(w, sites, 1, modelTiming, tc.rule)
+		outs, err := replay(w, sites, 1, modelTiming, tc.rule, siteEvents{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestModelledQueueWaitsForASlot(t *testing.T) {
 		{At: ms(1), PromptTokens: 100, OutputTokens: 10}, // s1 until 1 + 25 + 9 × 20 = 206 ms
 		{At: ms(2), PromptTokens: 100, OutputTokens: 1},
 	}}
-	outs, err := replay(w, sites, 1, modelTiming, ModelSiteOracle)
+	outs, err := replay(w, sites, 1, modelTiming, ModelSiteOracle, siteEvents{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestModelledQueueWaitsForASlot(t *testing.T) {
 	if got, want := outs[2].ttft, ms(206+25-2); got != want || outs[2].site != "s1" {
 		t.Errorf("the third request: first token after %v at %s, want %v at s1", got, outs[2].site, want)
 	}
-	outs, err = replay(w, sites, 1, modelTiming, ModelOneLine)
+	outs, err = replay(w, sites, 1, modelTiming, ModelOneLine, siteEvents{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestModelledQueueWaitsForASlot(t *testing.T) {
 func TestModelledWRRWeighsBySlots(t *testing.T) {
 	sites := []*site{{name: "s0", slots: 8, endpoints: 1, perEngine: 8}, {name: "s1", slots: 16, endpoints: 2, perEngine: 8}, {name: "s2", slots: 32, endpoints: 4, perEngine: 8}}
 	w := NewWorkload(3, 10*time.Minute, 0.8, 56, 6, Poisson, modelTiming, MixedPromptSizes)
-	outs, err := replay(w, sites, 2, modelTiming, ModelWRR)
+	outs, err := replay(w, sites, 2, modelTiming, ModelWRR, siteEvents{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,5 +117,61 @@ func TestModelledRouterRefusesEvents(t *testing.T) {
 	}
 	if len(res) != 1 || res[0].Requests == 0 || res[0].CPUBusy != -1 {
 		t.Fatalf("Run = %+v, want one modelled cell with requests", res)
+	}
+}
+
+// Requests that bypass the router hold a site's slots in the model as on
+// the processes: jsq, which counts them, sends around them; nginx-wrr,
+// which does not, queues behind them. Neither is measured.
+func TestModelledExternalLoadIsCountedNotMeasured(t *testing.T) {
+	sites := []*site{{name: "s0", slots: 1, endpoints: 1, perEngine: 1}, {name: "s1", slots: 2, endpoints: 1, perEngine: 2}}
+	w := Workload{Requests: []Request{{At: ms(10), PromptTokens: 100, OutputTokens: 1}}}
+	ev := siteEvents{site: 1, external: []Request{
+		{At: 0, PromptTokens: 100, OutputTokens: 50}, // until 25 + 49 × 20 = 1,005 ms
+		{At: ms(1), PromptTokens: 100, OutputTokens: 50},
+	}}
+	for _, tc := range []struct {
+		rule ModelRule
+		site string
+		ttft time.Duration
+	}{
+		{ModelJSQ, "s0", ms(25)},
+		// nginx-wrr's first pick at weights 1:2 is s1, whose slots free
+		// at 1,005 ms.
+		{ModelWRR, "s1", ms(1005 + 25 - 10)},
+	} {
+		outs, err := replay(w, sites, 1, modelTiming, tc.rule, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(outs) != 1 {
+			t.Fatalf("%s: %d outcomes, want the router's one request", tc.rule, len(outs))
+		}
+		if outs[0].site != tc.site || outs[0].ttft != tc.ttft {
+			t.Errorf("%s: served by %s after %v, want %s after %v", tc.rule, outs[0].site, outs[0].ttft, tc.site, tc.ttft)
+		}
+	}
+}
+
+// A site that loses engines keeps serving what they hold and sends nothing
+// new to them; once they are back, they take requests again.
+func TestModelledCapacityDrop(t *testing.T) {
+	sites := []*site{{name: "s0", slots: 2, endpoints: 2, perEngine: 1}}
+	w := Workload{Requests: []Request{
+		{At: 0, PromptTokens: 100, OutputTokens: 10},     // engine 0 until 25 + 9 × 20 = 205 ms
+		{At: ms(10), PromptTokens: 100, OutputTokens: 1}, // one engine left: behind the first
+		{At: ms(250), PromptTokens: 100, OutputTokens: 10},
+		{At: ms(260), PromptTokens: 100, OutputTokens: 1}, // both back: the empty one
+	}}
+	ev := siteEvents{site: 0, dropAt: ms(5), backAt: ms(240), dropTo: 1}
+	outs, err := replay(w, sites, 1, modelTiming, ModelJSQ, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{ms(25), ms(205 + 25 - 10), ms(25), ms(25)}
+	for i, o := range outs {
+		if o.ttft != want[i] {
+			t.Errorf("request %d: first token after %v, want %v", i, o.ttft, want[i])
+		}
 	}
 }

@@ -241,8 +241,26 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 	}
 	seed := cfg.Seed + uint64(run)*0x9E3779B97F4A7C15
 	w := NewWorkload(seed, warmup+cfg.Duration, cfg.Load, slots, len(entries), cfg.Arrivals, timing, sizes)
+	// The events happen to the biggest site, in the middle third.
+	biggest := sites[0]
+	for _, s := range sites {
+		if s.slots > biggest.slots {
+			biggest = s
+		}
+	}
+	third := cfg.Duration / 3
 	if router.Model != "" {
-		outs, err := replay(w, sites, cfg.Replicas, timing, router.Model)
+		ev := siteEvents{site: slices.Index(sites, biggest)}
+		switch sc {
+		case ExternalLoad:
+			ev.external = externalLoad(seed, third, biggest.slots, timing, sizes).Requests
+			for i := range ev.external {
+				ev.external[i].At += warmup + third
+			}
+		case CapacityDrop:
+			ev.dropAt, ev.backAt, ev.dropTo = warmup+third, warmup+2*third, max(biggest.endpoints/2, 1)
+		}
+		outs, err := replay(w, sites, cfg.Replicas, timing, router.Model, ev)
 		if err != nil {
 			return Result{}, err
 		}
@@ -289,13 +307,6 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		}
 		busy, _ = readCPU()
 		loadDone := gen.start(ctx, w)
-		biggest := sites[0]
-		for _, s := range sites {
-			if s.slots > biggest.slots {
-				biggest = s
-			}
-		}
-		third := cfg.Duration / 3
 		at := func(d time.Duration) bool { return clock.Sleep(ctx, clock.Real{}, d) }
 		var eventErr error
 		switch sc {
@@ -303,7 +314,7 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 			if at(warmup + third) {
 				// Clients of the biggest site send it half its capacity
 				// directly, for a third of the run.
-				ext := NewWorkload(seed^0xE7, third, 0.5, biggest.slots, 1, Poisson, timing, sizes)
+				ext := externalLoad(seed, third, biggest.slots, timing, sizes)
 				direct := newGenerator([]string{biggest.sim}, sites, nil)
 				direct.unmeasured = true
 				<-direct.start(ctx, ext)
@@ -337,6 +348,12 @@ func runCell(ctx context.Context, cfg Config, sc Scenario, router Router, run in
 		}
 	}
 	return finishCell(cfg, sc, router, run, gen.outcomes(), warmup, busy.since())
+}
+
+// externalLoad is the external-load scenario's requests: half the
+// capacity of a site of slots, for d, from the cell's seed.
+func externalLoad(seed uint64, d time.Duration, slots int, t Timing, z Sizes) Workload {
+	return NewWorkload(seed^0xE7, d, 0.5, slots, 1, Poisson, t, z)
 }
 
 // finishCell summarises a cell's outcomes, with the machine's busy share
