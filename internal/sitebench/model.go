@@ -38,13 +38,13 @@ const (
 	ModelJSQ ModelRule = "jsq"
 	// ModelSiteOracle sends to the site where the request's first token
 	// comes soonest, its EPP picking the engine, from every engine's exact
-	// state: what a router that picks sites, not engines, could reach at
-	// best one request at a time.
+	// state: the greedy choice of a router that picks sites, not engines,
+	// and knows everything.
 	ModelSiteOracle ModelRule = "site-oracle"
 	// ModelOneLine holds every request in one line for the whole grid
 	// until a slot is free anywhere, then sends it to the free engine that
-	// can prefill it soonest: the grid's slots as one pool, what holding
-	// at a gateway could reach at best.
+	// can prefill it soonest: the grid's slots as one pool, holding at the
+	// gateways with exact knowledge.
 	ModelOneLine ModelRule = "one-line"
 )
 
@@ -68,8 +68,8 @@ type siteEvents struct {
 }
 
 // replay runs w through router m on a model of sites under t, with ev
-// happening to them, and returns every measured request's outcome, as a
-// cell on processes would.
+// happening to them, and returns the outcome of each of w's requests (not
+// of those that bypass the router), as a cell on processes would.
 func replay(w Workload, sites []*site, replicas int, t Timing, m ModelRule, ev siteEvents) ([]outcome, error) {
 	g := &modelGrid{timing: t, rule: m}
 	for si, s := range sites {
