@@ -196,7 +196,7 @@ func runBenchSites(ctx context.Context, args []string, e *env) error {
 	arrivals := fs.String("arrivals", "poisson", "poisson, or bursty (on/off: a third of the time at 3× the mean rate)")
 	warmup := fs.Duration("warmup", 10*time.Second, "load before measuring starts (cold-start has none)")
 	duration := fs.Duration("duration", 30*time.Second, "what each cell measures: at the default 1 s scrape and poll, 20 reading refreshes and more")
-	routers := fs.String("routers", "grid,nginx-wrr", "routers, comma-separated: grid (the default policy), grid:reference, grid:latency, grid:hold (the default holding requests while the grid is full), nginx-wrr (nginx weighted by slots), nginx-least-conn, nginx-local; on a model of the sims instead of processes (steady and mixed-prompts only): model:nginx-wrr, model:jsq (exact fewest per slot), model:site-oracle (the soonest first token from every engine's exact state), model:one-line (the grid's slots as one line)")
+	routers := fs.String("routers", "grid,nginx-wrr", "routers, comma-separated: grid (the default policy), grid:reference, grid:latency, grid:hold (the default holding requests while the grid is full), nginx-wrr (nginx weighted by slots), nginx-least-conn, nginx-local; on a model of the sims instead of processes (steady, mixed-prompts, external-load and capacity-drop only): model:nginx-wrr, model:jsq (exact fewest per slot), model:site-oracle (the soonest first token from every engine's exact state), model:one-line (the grid's slots as one line)")
 	scenarios := fs.String("scenarios", "steady", "scenarios, comma-separated: "+joinScenarios())
 	runs := fs.Int("runs", 1, "runs per cell; above one, each figure carries its 95% interval")
 	seed := fs.Uint64("seed", 7, "the workload's seed (run n adds n)")

@@ -139,9 +139,9 @@ type Result struct {
 	// tables pool a cell's runs into one p99 (WriteTables).
 	ttft []time.Duration
 	// CPUBusy is the share of the machine's CPU time busy while the load
-	// ran (from /proc/stat; -1 where it cannot be read). Near 1, the sims'
-	// timings stretch with the contention and the cell measures it, not
-	// only the routing.
+	// ran (from /proc/stat; -1 where it cannot be read, or the cell ran on
+	// the model of the sims). Near 1, the sims' timings stretch with the
+	// contention and the cell measures it, not only the routing.
 	CPUBusy float64
 }
 
