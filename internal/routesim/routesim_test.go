@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/grid-inference/grid/internal/route"
 )
 
 // TestCalibration: with fresh information and 100 single-slot servers at
@@ -240,5 +242,30 @@ func TestOverloadScenariosShiftTheLoad(t *testing.T) {
 		if aa.Mean > 1.2*or.Mean || aa.WaitP99 > 1.2*or.WaitP99 {
 			t.Errorf("%s: age-aware mean %.2f, p99 wait %.2f; want within 1.2× the oracle's %.2f, %.2f", sc, aa.Mean, aa.WaitP99, or.Mean, or.WaitP99)
 		}
+	}
+}
+
+// TestStreamsWithRoomTeachTheCostModel: a stream that found a free slot
+// waited for nothing, however the two instants it is measured between
+// round. Sixteen of them teach the gateway's cost model its first token
+// without a wait, and a queued one then teaches its wait curve; a wait
+// read a hair above 0 once taught neither, so the latency policy's
+// observed waits and its sends weighed by their work never ran in the
+// harness.
+func TestStreamsWithRoomTeachTheCostModel(t *testing.T) {
+	g := &gateway{service: &route.Service{}}
+	c := route.Cost{Prompt: 100, MaxOutput: 10}
+	for i := range 16 {
+		g.judgeAndTeach("a", request{cost: c}, float64(i+1)*unit, 1e-11, unit)
+	}
+	if _, ok := g.service.Costs().FirstTokenMs(c); !ok {
+		t.Fatal("16 streams served at once did not teach the cost model a first token without a wait")
+	}
+	queued := request{cost: c, queued: true, load: route.Opt{V: 1.2, OK: true}}
+	for range 4 {
+		g.judgeAndTeach("a", queued, 20*unit, 300, unit)
+	}
+	if ms, ok := g.service.Waits("a").AtMs(1.2); !ok || math.Abs(ms-300) > 1 {
+		t.Errorf("four queued streams that waited 300 ms taught the wait curve %v (%v), want 300", ms, ok)
 	}
 }
