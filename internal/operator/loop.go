@@ -156,25 +156,43 @@ func scrapeOffset(name string, interval time.Duration) time.Duration {
 }
 
 // scrapeLoop scrapes p at its own interval (config.Operator.ScrapeIntervalOf)
-// from its offset, until ctx ends or a reload removes p. Each scrape waits
-// for a place among the scrapes in flight (acquire), and the time from its
-// tick to its end is p's cycle, which the next scrape's readiness floor
-// reads. A scrape that runs past the interval delays only p's next one;
-// ticks never burst.
+// from its offset, until ctx ends or a reload removes p; a provider that
+// recomputes its gauges on a period (metrics.refreshInterval) is scraped
+// just after each recomputation once its phase is learnt, with a probe
+// scrape before it (provider.plan). Each scrape waits for a place among
+// the scrapes in flight (acquire), and the time from its tick to its end
+// is p's cycle, which the next scrape's readiness floor reads. A scrape
+// that runs past the interval delays only p's next one; ticks never
+// burst.
 func (o *Operator) scrapeLoop(ctx context.Context, p *provider, acquire func(context.Context) (func(), bool)) {
 	interval := func() time.Duration { return o.cfg.Load().ScrapeIntervalOf(p.currentConfig()) }
 	if !clock.Sleep(ctx, o.clk, scrapeOffset(p.cfg.Name, interval())) {
 		return
 	}
-	everyWhile(ctx, o.clk, interval, func() bool {
-		tick := o.clk.Now()
+	scrape := func(probe bool) (more bool) {
 		release, ok := acquire(ctx)
 		if !ok {
 			return false
 		}
-		removed := o.scrape(ctx, p)
-		release()
+		defer release()
+		return !o.scrape(ctx, p, probe) && ctx.Err() == nil
+	}
+	for {
+		tick := o.clk.Now()
+		if !scrape(false) {
+			return
+		}
 		p.cycle.Store(int64(o.clk.Now().Sub(tick)))
-		return !removed
-	})
+		next, probe := p.plan(tick, o.clk.Now(), interval())
+		if !probe.IsZero() {
+			if !clock.Sleep(ctx, o.clk, probe.Sub(o.clk.Now())) || !scrape(true) {
+				return
+			}
+			// The probe may have moved the window.
+			next, _ = p.plan(tick, o.clk.Now(), interval())
+		}
+		if !clock.Sleep(ctx, o.clk, next.Sub(o.clk.Now())) {
+			return
+		}
+	}
 }

@@ -21,6 +21,9 @@ type metrics struct {
 	reg         *prometheus.Registry
 	scrapes     scrapeCounter
 	lastSuccess *prometheus.GaugeVec
+	// phaseWidth is how narrowly each refreshing provider's
+	// recomputation instants are known (refreshPhase).
+	phaseWidth  *prometheus.GaugeVec
 	reloads     *prometheus.CounterVec
 	metricsShed prometheus.Counter
 	// reprobes counts /v1/loads absences forgotten, by reason: the engine
@@ -58,6 +61,10 @@ func newMetrics(o *Operator) *metrics {
 			Name: "grid_provider_last_scrape_success_timestamp_seconds",
 			Help: "Unix time of the provider's last scrape that carried its ready series.",
 		}, []string{signals.LabelProvider}),
+		phaseWidth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "grid_provider_refresh_phase_width_seconds",
+			Help: "How narrowly the instants at which a provider with metrics.refreshInterval recomputes its gauges are known: the interval itself until learnt.",
+		}, []string{signals.LabelProvider}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grid_config_reload_total",
 			Help: "Configuration reloads by result: applied or rejected.",
@@ -74,7 +81,7 @@ func newMetrics(o *Operator) *metrics {
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
 	m.peers = newPeerMetrics(m.reg)
-	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.reloads, m.metricsShed, m.reprobes, storeCollector{o},
+	m.reg.MustRegister(m.scrapes, m.lastSuccess, m.phaseWidth, m.reloads, m.metricsShed, m.reprobes, storeCollector{o},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -82,6 +89,7 @@ func newMetrics(o *Operator) *metrics {
 func (m *metrics) forgetProvider(name string) {
 	m.scrapes.DeletePartialMatch(prometheus.Labels{signals.LabelProvider: name})
 	m.lastSuccess.DeleteLabelValues(name)
+	m.phaseWidth.DeleteLabelValues(name)
 }
 
 // CountReload records a configuration reload's result.

@@ -86,6 +86,9 @@ type provider struct {
 	history latency.History
 	verdict readiness.Verdict
 	engine  *backend.EngineLoad
+	// phase is when the provider recomputes its gauges, learnt while
+	// metrics.refreshInterval is set; nil otherwise.
+	phase   *refreshPhase
 	scraped bool
 	// failing is true while the latest scrape failed.
 	failing bool
@@ -191,14 +194,15 @@ func (o *Operator) Pass(ctx context.Context) {
 	})
 	start := o.clk.Now()
 	forEachBounded(ctx, o.cfg.Load().ScrapeConcurrency, all, func(p *provider) {
-		o.scrape(ctx, p)
+		o.scrape(ctx, p, false)
 		p.cycle.Store(int64(o.clk.Now().Sub(start)))
 	})
 }
 
-// scrape reads one provider and publishes what it concludes. It reports
-// whether a reload removed the provider, so its loop ends.
-func (o *Operator) scrape(ctx context.Context, p *provider) (removed bool) {
+// scrape reads one provider and publishes what it concludes; a probe
+// (probe set) only tells the provider's refresh phase what it served. It
+// reports whether a reload removed the provider, so its loop ends.
+func (o *Operator) scrape(ctx context.Context, p *provider, probe bool) (removed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.removed {
@@ -209,17 +213,55 @@ func (o *Operator) scrape(ctx context.Context, p *provider) (removed bool) {
 	// a warm-up artefact rather than a definitive "no such route"
 	// (docs/protocol.md §4.2).
 	ready := p.scraped && p.verdict.Reason == readiness.Ready
+	start := o.clk.Now()
 	reading, err := backend.Scrape(ctx, p.target, o.memo, ready, o.log)
 	if ctx.Err() != nil {
 		return false // shutting down: a cancelled scrape says nothing about the provider
 	}
-	o.conclude(p, o.clk.Now(), reading, err)
+	now := o.clk.Now()
+	servedAt := now
+	if period := p.cfg.Metrics.RefreshInterval.D(); period > 0 {
+		if p.phase == nil || p.phase.period != period {
+			p.phase = newRefreshPhase(period)
+		}
+		var print uint64
+		ok := false
+		if err == nil {
+			print, ok = gaugePrint(reading)
+		}
+		p.phase.observe(start, now, print, ok, probe)
+		servedAt = p.phase.servedAt(start)
+		o.m.phaseWidth.WithLabelValues(p.cfg.Name).Set(p.phase.width.Seconds())
+	} else {
+		p.phase = nil
+	}
+	if !probe {
+		o.conclude(p, now, servedAt, reading, err)
+	}
 	return false
+}
+
+// plan is when p's scrape loop scrapes next after the scrape that started
+// at tick, every interval: at tick plus interval, or, while p's refresh
+// phase is learnt, just after a recomputation (refreshPhase.nextTick),
+// with a probe before it (refreshPhase.probeBefore; zero when none). A
+// probe already past is skipped.
+func (p *provider) plan(tick, now time.Time, interval time.Duration) (next, probe time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase == nil {
+		return tick.Add(interval), time.Time{}
+	}
+	next = p.phase.nextTick(tick, interval)
+	if at, ok := p.phase.probeBefore(next); ok && at.After(now) && at.Before(next) {
+		probe = at
+	}
+	return next, probe
 }
 
 // conclude folds one scrape into the provider's readiness, latency and load,
 // then publishes (docs/protocol.md §4.2, §4.6). Called with p.mu held.
-func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err error) {
+func (o *Operator) conclude(p *provider, now, servedAt time.Time, r *backend.Reading, err error) {
 	cfg := o.cfg.Load()
 	name := p.cfg.Name
 	p.scraped = true
@@ -301,10 +343,10 @@ func (o *Operator) conclude(p *provider, now time.Time, r *backend.Reading, err 
 	at := now
 	if err == nil {
 		// A backend that recomputes its gauges every refreshInterval
-		// served values computed, on average, half of it before this
-		// scrape: stamped at the scrape, they would read younger than
-		// they are, and the gateways would not drain them enough.
-		at = now.Add(-p.cfg.Metrics.RefreshInterval.D() / 2)
+		// served values computed before this scrape (servedAt): stamped
+		// at the scrape, they would read younger than they are, and the
+		// gateways would not drain them enough.
+		at = servedAt
 	}
 	o.publish(name, rows, at)
 }
