@@ -184,8 +184,9 @@ type ProviderMetrics struct {
 	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
 	// RefreshInterval is how often the backend recomputes the gauges it
 	// serves: the EPP's --refresh-prometheus-metrics-interval (default
-	// none: live gauges, as an engine's). Readings are stamped half of it
-	// before the scrape.
+	// none: live gauges, as an engine's). The operator learns when it
+	// recomputes them, scrapes just after, and stamps each reading with
+	// when its values were computed.
 	// +optional
 	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
 	// BearerTokenSecretRef holds a token sent as Authorization: Bearer (the

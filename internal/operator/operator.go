@@ -232,8 +232,10 @@ func (o *Operator) scrape(ctx context.Context, p *provider, probe bool) (removed
 		p.phase.observe(start, now, print, ok, probe)
 		servedAt = p.phase.servedAt(start)
 		o.m.phaseWidth.WithLabelValues(p.cfg.Name).Set(p.phase.width.Seconds())
-	} else {
+	} else if p.phase != nil {
+		// A reload stopped declaring the refresh.
 		p.phase = nil
+		o.m.phaseWidth.DeleteLabelValues(p.cfg.Name)
 	}
 	if !probe {
 		o.conclude(p, now, servedAt, reading, err)
