@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,7 +151,7 @@ func TestRealEPP(t *testing.T) {
 		t.Fatal(err)
 	}
 	east := newSite(t, "east",
-		provider{name: "qwen-pool", model: simModel, kind: "epp", upstream: simURL, metrics: eppURL, pool: "qwen-pool", tokenFile: tokenFile},
+		provider{name: "qwen-pool", model: simModel, kind: "epp", upstream: simURL, metrics: eppURL, pool: "qwen-pool", tokenFile: tokenFile, refresh: "1s"},
 		provider{name: "other-pool", model: simModel, kind: "epp", upstream: simURL, metrics: eppURL, pool: "other-pool", tokenFile: tokenFile})
 	east.start(t, dir)
 	gauge := func(name, provider string) float64 {
@@ -189,6 +190,29 @@ func TestRealEPP(t *testing.T) {
 			t.Errorf("the EPP does not export %s", want)
 		}
 	}
+
+	// The operator learns when the EPP recomputes its pool gauges from
+	// what changes between its scrapes (docs/operator.md, refresh phase):
+	// requests of varied lengths, one every 300 ms, change the averages
+	// at most of the EPP's 1 s refreshes.
+	stop := make(chan struct{})
+	var senders sync.WaitGroup
+	senders.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			senders.Go(func() { chat(context.Background(), simURL, 10+(i*7)%40, true) })
+		}
+	})
+	eventually(t, "the EPP's refresh phase learnt to a tenth of its interval", 60*time.Second, func() bool {
+		w, ok := providerGauge(east, "grid_provider_refresh_phase_width_seconds", "qwen-pool")
+		return ok && w <= 0.1
+	})
+	close(stop)
+	senders.Wait()
 
 	setPodReady(t, cp, "qwen-1", "127.0.0.2", false)
 	eventually(t, "one ready endpoint once a pod is unready", 30*time.Second, func() bool {

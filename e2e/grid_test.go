@@ -31,6 +31,7 @@ type provider struct {
 	name, model, kind string
 	upstream, metrics string // base URLs
 	pool, tokenFile   string // EPP: metrics.poolName, metrics.bearerTokenFile
+	refresh           string // EPP: metrics.refreshInterval
 }
 
 // site is one site of file-mode Grid processes: an operator and a
@@ -71,6 +72,9 @@ func (s *site) start(t *testing.T, dir string) {
 		}
 		if p.tokenFile != "" {
 			metrics += fmt.Sprintf(", bearerTokenFile: %q", p.tokenFile)
+		}
+		if p.refresh != "" {
+			metrics += fmt.Sprintf(", refreshInterval: %s", p.refresh)
 		}
 		fmt.Fprintf(&providers, "  - {name: %s, model: %s, kind: %s, upstream: %q, metrics: {%s}}\n", p.name, p.model, p.kind, p.upstream, metrics)
 	}
