@@ -224,12 +224,12 @@ func (o *Operator) scrape(ctx context.Context, p *provider, probe bool) (removed
 		if p.phase == nil || p.phase.period != period {
 			p.phase = newRefreshPhase(period)
 		}
-		var print uint64
+		var gauges poolGauges
 		ok := false
 		if err == nil {
-			print, ok = gaugePrint(reading)
+			gauges, ok = gaugesOf(reading)
 		}
-		p.phase.observe(start, now, print, ok, probe)
+		p.phase.observe(start, now, gauges, ok, probe)
 		servedAt = p.phase.servedAt(start)
 		o.m.phaseWidth.WithLabelValues(p.cfg.Name).Set(p.phase.width.Seconds())
 	} else if p.phase != nil {

@@ -1,7 +1,6 @@
 package operator
 
 import (
-	"hash/maphash"
 	"math"
 	"time"
 
@@ -37,17 +36,17 @@ type refreshPhase struct {
 	from    time.Time
 	width   time.Duration
 	started bool
-	// lastStart and lastPrint are the latest scrape that served the
+	// lastStart and lastGauges are the latest scrape that served the
 	// gauges: when it started and what it served; haveLast is false
 	// before one, or after a scrape that served none. lastProbe: that
-	// scrape was a probe. tickPrint is what the latest publishing scrape
+	// scrape was a probe. tickGauges is what the latest publishing scrape
 	// served (haveTick).
-	lastStart time.Time
-	lastPrint uint64
-	haveLast  bool
-	lastProbe bool
-	tickPrint uint64
-	haveTick  bool
+	lastStart  time.Time
+	lastGauges poolGauges
+	haveLast   bool
+	lastProbe  bool
+	tickGauges poolGauges
+	haveTick   bool
 	// took is how long scrapes take (a moving mean): every bracket is
 	// widened by as much, so the window narrows no further than about
 	// twice it.
@@ -84,9 +83,9 @@ func newRefreshPhase(period time.Duration) *refreshPhase {
 }
 
 // observe folds one scrape into the window: it started at start, ended at
-// end, and served the gauges whose fingerprint is print (ok false: a
-// failed scrape, or one without them); probe says it was a probe.
-func (ph *refreshPhase) observe(start, end time.Time, print uint64, ok, probe bool) {
+// end, and served the gauges served (ok false: a failed scrape, or one
+// without them); probe says it was a probe.
+func (ph *refreshPhase) observe(start, end time.Time, served poolGauges, ok, probe bool) {
 	if !ph.started {
 		// Some recomputation falls within any period.
 		ph.from, ph.width, ph.started = start, ph.period, true
@@ -100,7 +99,7 @@ func (ph *refreshPhase) observe(start, end time.Time, print uint64, ok, probe bo
 		ph.haveLast, ph.haveTick = false, false
 		return
 	}
-	if ph.haveLast && print != ph.lastPrint && end.Sub(ph.lastStart) < ph.period {
+	if ph.haveLast && served != ph.lastGauges && end.Sub(ph.lastStart) < ph.period {
 		ph.narrow(ph.lastStart, end)
 	}
 	if !probe {
@@ -109,17 +108,17 @@ func (ph *refreshPhase) observe(start, end time.Time, print uint64, ok, probe bo
 		case !ph.known():
 			// The probe was at the window's middle.
 			ph.missed = 0
-		case print == ph.lastPrint && print != ph.tickPrint:
+		case served == ph.lastGauges && served != ph.tickGauges:
 			if ph.missed++; ph.missed >= phaseMisses {
 				ph.width, ph.missed = ph.period, 0
 				ph.relearned++
 			}
-		case print != ph.lastPrint:
+		case served != ph.lastGauges:
 			ph.missed = 0
 		}
-		ph.tickPrint, ph.haveTick = print, true
+		ph.tickGauges, ph.haveTick = served, true
 	}
-	ph.lastStart, ph.lastPrint, ph.haveLast, ph.lastProbe = start, print, true, probe
+	ph.lastStart, ph.lastGauges, ph.haveLast, ph.lastProbe = start, served, true, probe
 }
 
 // narrow intersects the window with a bracket (lo, hi], shorter than a
@@ -237,37 +236,25 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// phaseSeed keys every fingerprint of this process.
-var phaseSeed = maphash.MakeSeed()
+// poolGauges is what a backend recomputes on its refresh: the pool's
+// averages and its ready count (the per-endpoint series and the in-flight
+// counts are live, and change between recomputations). Parsed values are
+// never NaN, so == compares them.
+type poolGauges struct {
+	running, queue, ready  float64
+	queueKnown, readyKnown bool
+}
 
-// gaugePrint fingerprints what a backend recomputes on its refresh: the
-// pool's averages and its ready count (the per-endpoint series and the
-// in-flight counts are live, and change between recomputations). ok is
-// false for a reading without the averages.
-func gaugePrint(r *backend.Reading) (print uint64, ok bool) {
+// gaugesOf is a reading's poolGauges; ok is false for a reading without
+// the averages.
+func gaugesOf(r *backend.Reading) (g poolGauges, ok bool) {
 	if r == nil || r.Load.AverageRunning == nil {
-		return 0, false
+		return poolGauges{}, false
 	}
-	var h maphash.Hash
-	h.SetSeed(phaseSeed)
-	word := func(v float64) {
-		var b [8]byte
-		bits := math.Float64bits(v)
-		for i := range b {
-			b[i] = byte(bits >> (8 * i))
-		}
-		h.Write(b[:])
-	}
-	word(*r.Load.AverageRunning)
+	g.running = *r.Load.AverageRunning
 	if q := r.Load.AverageQueue; q != nil {
-		word(*q)
-	} else {
-		word(math.NaN())
+		g.queue, g.queueKnown = *q, true
 	}
-	if r.Ready.Known {
-		word(r.Ready.Value)
-	} else {
-		word(math.Inf(-1))
-	}
-	return h.Sum64(), true
+	g.ready, g.readyKnown = r.Ready.Value, r.Ready.Known
+	return g, true
 }

@@ -44,15 +44,15 @@ func (b *refreshingBackend) lastRefresh(t time.Time) (time.Time, int64) {
 
 // serve is what a scrape that started at start serves: it is computed
 // halfway through the scrape.
-func (b *refreshingBackend) serve(start time.Time) (print uint64, computed time.Time) {
+func (b *refreshingBackend) serve(start time.Time) (print poolGauges, computed time.Time) {
 	computed, k := b.lastRefresh(start.Add(b.scrapeTook / 2))
 	if b.changeEvery == 0 {
-		return 7, computed
+		return poolGauges{running: 7}, computed
 	}
 	if b.shiftAt > 0 && computed.Sub(b.epoch) >= b.shiftAt {
 		k += 1 << 20 // a restarted backend's values differ from before
 	}
-	return uint64(k / int64(b.changeEvery)), computed
+	return poolGauges{running: float64(k / int64(b.changeEvery))}, computed
 }
 
 // drive runs a provider's scrape schedule (as scrapeLoop does) against b
