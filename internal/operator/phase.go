@@ -83,7 +83,7 @@ func newRefreshPhase(period time.Duration) *refreshPhase {
 }
 
 // observe folds one scrape into the window: it started at start, ended at
-// end, and served the gauges served (ok false: a failed scrape, or one
+// end, and served the pool gauges in served (ok false: a failed scrape, or one
 // without them); probe says it was a probe.
 func (ph *refreshPhase) observe(start, end time.Time, served poolGauges, ok, probe bool) {
 	if !ph.started {
