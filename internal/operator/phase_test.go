@@ -44,7 +44,7 @@ func (b *refreshingBackend) lastRefresh(t time.Time) (time.Time, int64) {
 
 // serve is what a scrape that started at start serves: it is computed
 // halfway through the scrape.
-func (b *refreshingBackend) serve(start time.Time) (print poolGauges, computed time.Time) {
+func (b *refreshingBackend) serve(start time.Time) (gauges poolGauges, computed time.Time) {
 	computed, k := b.lastRefresh(start.Add(b.scrapeTook / 2))
 	if b.changeEvery == 0 {
 		return poolGauges{running: 7}, computed
@@ -61,8 +61,8 @@ func (b *refreshingBackend) serve(start time.Time) (print poolGauges, computed t
 func drive(b *refreshingBackend, interval, d time.Duration, tick func(start, stamp, computed time.Time, ph *refreshPhase)) *refreshPhase {
 	ph := newRefreshPhase(b.period)
 	scrape := func(at time.Time, probe bool) {
-		print, _ := b.serve(at)
-		ph.observe(at, at.Add(b.scrapeTook), print, true, probe)
+		gauges, _ := b.serve(at)
+		ph.observe(at, at.Add(b.scrapeTook), gauges, true, probe)
 	}
 	t := b.epoch.Add(scrapeOffset("p", interval))
 	for t.Sub(b.epoch) < d {
