@@ -13,15 +13,11 @@ import (
 // is read from period after each round, until ctx ends. A round that runs
 // long delays the next one; ticks never burst.
 func every(ctx context.Context, clk clock.Clock, period func() time.Duration, round func()) {
-	everyWhile(ctx, clk, period, func() bool { round(); return true })
-}
-
-// everyWhile is every until round reports false.
-func everyWhile(ctx context.Context, clk clock.Clock, period func() time.Duration, round func() bool) {
 	interval := period()
 	t := clk.NewTicker(interval)
 	defer t.Stop()
-	for round() {
+	for {
+		round()
 		if d := period(); d != interval {
 			interval = d
 			t.Reset(d)

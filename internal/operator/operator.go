@@ -218,6 +218,9 @@ func (o *Operator) scrape(ctx context.Context, p *provider, probe bool) (removed
 	if ctx.Err() != nil {
 		return false // shutting down: a cancelled scrape says nothing about the provider
 	}
+	// What the scrape served is stamped when it was computed: at the
+	// scrape, unless the backend recomputes its gauges on a period (the
+	// refresh phase says when); a failure is stamped at the scrape.
 	now := o.clk.Now()
 	servedAt := now
 	if period := p.cfg.Metrics.RefreshInterval.D(); period > 0 {
@@ -230,7 +233,9 @@ func (o *Operator) scrape(ctx context.Context, p *provider, probe bool) (removed
 			gauges, ok = gaugesOf(reading)
 		}
 		p.phase.observe(start, now, gauges, ok, probe)
-		servedAt = p.phase.servedAt(start)
+		if err == nil {
+			servedAt = p.phase.servedAt(start)
+		}
 		o.m.phaseWidth.WithLabelValues(p.cfg.Name).Set(p.phase.width.Seconds())
 	} else if p.phase != nil {
 		// A reload stopped declaring the refresh.
@@ -262,7 +267,8 @@ func (p *provider) plan(tick, now time.Time, interval time.Duration) (next, prob
 }
 
 // conclude folds one scrape into the provider's readiness, latency and load,
-// then publishes (docs/protocol.md §4.2, §4.6). Called with p.mu held.
+// then publishes what it served, stamped servedAt (docs/protocol.md §4.2,
+// §4.6). Called with p.mu held.
 func (o *Operator) conclude(p *provider, now, servedAt time.Time, r *backend.Reading, err error) {
 	cfg := o.cfg.Load()
 	name := p.cfg.Name
@@ -342,15 +348,11 @@ func (o *Operator) conclude(p *provider, now, servedAt time.Time, r *backend.Rea
 		// Nothing new to say: the last batch serves until its TTL ends.
 		return
 	}
-	at := now
-	if err == nil {
-		// A backend that recomputes its gauges every refreshInterval
-		// served values computed before this scrape (servedAt): stamped
-		// at the scrape, they would read younger than they are, and the
-		// gateways would not drain them enough.
-		at = servedAt
-	}
-	o.publish(name, rows, at)
+	// A backend that recomputes its gauges every refreshInterval served
+	// values computed before this scrape: stamped at the scrape, they
+	// would read younger than they are, and the gateways would not drain
+	// them enough.
+	o.publish(name, rows, servedAt)
 }
 
 // providerTarget returns a provider's scrape target, or nil.
