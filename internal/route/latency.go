@@ -68,12 +68,12 @@ func (p *Latency) prepare(snap *Snapshot, now int64) picker {
 		lp.meanMs = DefaultServiceMs
 	}
 	for i := range lp.cands {
-		// A backlog seen to persist is not held: at high load every
-		// queue persists while its requests turn over, and holding them
-		// all read the grid as busier than it was (10 sites × 16 at load
-		// 0.95, sync, K = 64: 1.33 mean durations against 1.21
-		// unheld); a site whose requests are long shows it in the waits
-		// its requests meet (waitMs).
+		// A backlog seen to persist is not held at all: a site whose
+		// requests are long shows it in the waits its requests meet
+		// (waitMs). The default holds what its turnover cannot explain
+		// (holdFor); holding the whole persistence read every queue of a
+		// grid near capacity as stuck (10 sites × 16 at load 0.95, sync,
+		// K = 64: 1.33 mean durations against 1.21 unheld).
 		lp.cands[i].holdMs = 0
 	}
 	rtts := map[string]float64{}
