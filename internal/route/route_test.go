@@ -931,10 +931,14 @@ func TestReplicasSharingABoardSpread(t *testing.T) {
 // heldWorld is an age-aware world of two sites, a and b, that learned a
 // capacity of 32 each: this gateway sent heldA and heldB requests that
 // have not ended, then readings of readA and readB arrived (beyond 32,
-// queued). It returns the snapshot built on those readings.
-func heldWorld(t *testing.T, shareOnly bool, readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
+// queued). It returns the snapshot built on those readings; configure,
+// when not nil, sets the world's policy up before the first build.
+func heldWorld(t *testing.T, configure func(*world), readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
 	w := newWorld(t, "a", "b")
-	w.ageAware, w.shareOnly, w.meanMs = true, shareOnly, 1000
+	w.ageAware, w.meanMs = true, 1000
+	if configure != nil {
+		configure(w)
+	}
 	w.served = map[string]*Served{"a": {}, "b": {}}
 	w.publish("a", 1000, obs{running: 32, queue: f(0)}) // teach both 32
 	w.publish("b", 1000, obs{running: 32, queue: f(0)})
@@ -953,7 +957,7 @@ func heldWorld(t *testing.T, shareOnly bool, readA, readB float64, heldA, heldB 
 func TestOwnCountDecidesWhenInformed(t *testing.T) {
 	shareOnly := false
 	world := func(readA, readB float64, heldA, heldB int) *Snapshot {
-		snap, _ := heldWorld(t, shareOnly, readA, readB, heldA, heldB)
+		snap, _ := heldWorld(t, func(w *world) { w.shareOnly = shareOnly }, readA, readB, heldA, heldB)
 		return snap
 	}
 	toA := func(snap *Snapshot) int {
@@ -1581,7 +1585,7 @@ func TestColdStartDrawsOnSitesNotYetRead(t *testing.T) {
 // requests freed has room at once, before any reading shows it.
 func TestFullByTheOwnCount(t *testing.T) {
 	world := func(readA, readB float64, heldA, heldB int) (*Snapshot, *world) {
-		return heldWorld(t, false, readA, readB, heldA, heldB)
+		return heldWorld(t, nil, readA, readB, heldA, heldB)
 	}
 	// Half of each site's 32 are this gateway's, the rest another's: k
 	// is 2, and both sites hold 32.
