@@ -121,7 +121,7 @@ func TestLatencyWithoutRoundTripsIsTheDefault(t *testing.T) {
 // the latency policy sends where the age-aware policy would, its own
 // count deciding once it holds enough (TestOwnCountDecidesWhenInformed).
 // Drawing by share at any count, it trailed the default by up to 1.38×
-// in the harness with four gateways (one site four times slower).
+// in the harness (one site four times slower, 16 gateways).
 func TestLatencyOwnCountDecidesWhenInformed(t *testing.T) {
 	latency := func(w *world) { w.obs = &Service{} }
 	toA := func(snap *Snapshot) (n int, paths map[Path]int) {
