@@ -146,6 +146,11 @@ func TestLatencyOwnCountDecidesWhenInformed(t *testing.T) {
 	if n, paths := toA(snap); n == 0 || n == 40 || paths[PathOwnCount] != 0 {
 		t.Errorf("holding four, a took %d of 40 (paths %v); want the draw", n, paths)
 	}
+	// The same count tells when every site is full, for
+	// availability.holdWhenFull (TestFullByTheOwnCount).
+	if snap, _ := heldWorld(t, latency, 32, 32, 16, 16); !snap.Full("m", 2100) {
+		t.Error("both sites hold their 32 by the own count: want full under the latency policy too")
+	}
 }
 
 func TestWaitCurve(t *testing.T) {
