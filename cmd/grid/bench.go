@@ -40,7 +40,7 @@ func runBench(ctx context.Context, args []string, e *env) error {
 	sizes := fs.String("sizes", "", "lognormal[:SIGMA]: service times lognormal of that σ (1 by default), each request's told to the gateways as its size (max_tokens), which the latency policy weighs its own sends by; in place of --service")
 	rtt := fs.Float64("rtt", 0, "the round trip, in mean request durations, from each gateway to every site but its own (gateway k's is site k mod the sites); 0: none, and no gateway has a site of its own")
 	declare := fs.Bool("declare", false, "each site's operator relays the most its engines run at once (slots over endpoints of 8), as one configured with maxRunning does; off, the gateways learn every limit from the readings")
-	scenario := fs.String("scenario", "none", "none, capacity-swap (slots reverse halfway; measured from 100 mean durations later), slow-site (the first site's requests take 4× longer) or small-sites (slots divided by 4)")
+	scenario := fs.String("scenario", "none", "one of: "+summariseChanges())
 	policies := fs.String("policies", strings.Join(routesim.Policies, ","), "policies, comma-separated")
 	seeds := fs.Int("seeds", 1, "seeds per cell; above one, the mean carries its 95% interval")
 	seed := fs.Uint64("seed", 7, "the first seed")
@@ -269,6 +269,16 @@ func routerNames() string {
 	names := make([]string, len(sitebench.Routers))
 	for i, r := range sitebench.Routers {
 		names[i] = r.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// summariseChanges names every scenario of the routing harness with what
+// it does.
+func summariseChanges() string {
+	names := make([]string, len(routesim.Changes))
+	for i, c := range routesim.Changes {
+		names[i] = fmt.Sprintf("%s (%s)", c, c.Summary())
 	}
 	return strings.Join(names, ", ")
 }

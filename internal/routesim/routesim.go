@@ -121,6 +121,22 @@ const eventOn, eventCycle = 3.0, 18.0
 // Changes lists the scenarios.
 var Changes = []Change{ChangeNone, CapacitySwap, SlowSite, SmallSites, ColdStart, Restart, ExternalLoad, CapacityDrop}
 
+// changeSummaries say in a few words what each scenario does, for the
+// command's help; every one of Changes has one (TestEveryChangeIsSummarised).
+var changeSummaries = map[Change]string{
+	ChangeNone:   "nothing happens",
+	CapacitySwap: "slots reverse halfway; measured from 100 mean durations later",
+	SlowSite:     "the first site's requests take 4× longer",
+	SmallSites:   "slots divided by 4",
+	ColdStart:    "the first 20 refresh intervals of an empty grid at full load",
+	Restart:      "every gateway restarts after 20 refresh intervals; the next 20 measured",
+	ExternalLoad: "the biggest site's own clients send it half its capacity, 3 mean durations in 18",
+	CapacityDrop: "the biggest site loses half its slots, 3 mean durations in 18",
+}
+
+// Summary says in a few words what the scenario does.
+func (c Change) Summary() string { return changeSummaries[c] }
+
 // The windows of the cold-start and restart scenarios, in refresh
 // intervals (T): measured for windowRefreshes after the event; the restart
 // comes after warmRefreshes of warm-up.

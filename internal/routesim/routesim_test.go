@@ -269,3 +269,14 @@ func TestStreamsWithRoomTeachTheCostModel(t *testing.T) {
 		t.Errorf("four queued streams that waited 300 ms taught the wait curve %v (%v), want 300", ms, ok)
 	}
 }
+
+// TestEveryChangeIsSummarised: `grid bench routing --help` names every
+// scenario with what it does, so a scenario added to Changes needs a
+// summary.
+func TestEveryChangeIsSummarised(t *testing.T) {
+	for _, c := range Changes {
+		if c.Summary() == "" {
+			t.Errorf("scenario %q has no summary", c)
+		}
+	}
+}
