@@ -219,6 +219,16 @@ func TestWorkedExamples(t *testing.T) {
 		if a := find(w.build(602_000), "a"); a.Ceiling != 40 || a.RawRho != 1 {
 			t.Fatalf("a backlog at 40 running: ceiling %v raw rho %v, want 40 and 1", a.Ceiling, a.RawRho)
 		}
+		// The limit grows back by the half-life, and no further than the
+		// 80 it once ran.
+		w.publish("a", 1_202_000, obs{running: 10, queue: f(0)})
+		if a := find(w.build(1_202_000), "a"); a.Ceiling != 80 {
+			t.Fatalf("a half-life on: ceiling %v, want 80 (grown back to what it showed)", a.Ceiling)
+		}
+		w.publish("a", 2_402_000, obs{running: 10, queue: f(0)})
+		if a := find(w.build(2_402_000), "a"); a.Ceiling != 80 {
+			t.Fatalf("three half-lives on: ceiling %v, want 80", a.Ceiling)
+		}
 	})
 	t.Run("4 explore floor", func(t *testing.T) {
 		w := newWorld(t, "a", "b")
@@ -648,10 +658,14 @@ func TestRenewedIdentityLearnsFromItsOwnSamples(t *testing.T) {
 // TestSmallerThanTheFloorLearnsItsLimit: a 4-slot engine under a
 // ceiling_floor of 8 is read at the floor until a backlog shows its limit,
 // then at that limit, not at the floor (it drew 36 % of traffic on a 25 %
-// capacity share when the floor held).
+// capacity share when the floor held). The limit does not grow back to
+// the floor with time: it was credited 8 again once a half-life, sent a
+// backlog, and taught its limit anew (4/4/4/64 at load 0.5, T = 20:
+// 1.026–1.055 against weighted round robin's 1.005–1.009). Holding more
+// than the limit with nothing waiting still forgets it.
 func TestSmallerThanTheFloorLearnsItsLimit(t *testing.T) {
 	w := newWorld(t, "a")
-	w.set.WindowMs, w.set.CeilingFloor, w.set.RoomAfterMs = 60_000, 8, 0
+	w.set.WindowMs, w.set.CeilingFloor, w.set.RoomAfterMs, w.set.CeilingHalfLifeMs = 60_000, 8, 0, 60_000
 	w.publish("a", 1000, obs{running: 2, queue: f(0)})
 	if c := find(w.build(1000), "a"); c.Capacity != 8 {
 		t.Fatalf("nothing shown yet: capacity %v, want the floor 8", c.Capacity)
@@ -659,6 +673,14 @@ func TestSmallerThanTheFloorLearnsItsLimit(t *testing.T) {
 	w.publish("a", 2000, obs{running: 4, queue: f(1)}) // a backlog at 4 + 1
 	if c := find(w.build(2000), "a"); c.Capacity > 5 {
 		t.Errorf("after a backlog at 5 in flight: capacity %v, want at most 5", c.Capacity)
+	}
+	w.publish("a", 182_000, obs{running: 4, queue: f(0)}) // three half-lives on, at its limit
+	if c := find(w.build(182_000), "a"); c.Capacity != 4 {
+		t.Errorf("three half-lives on, running 4: capacity %v, want the 4 it showed, not the floor", c.Capacity)
+	}
+	w.publish("a", 183_000, obs{running: 5, queue: f(0)}) // it runs more now
+	if c := find(w.build(183_000), "a"); c.Capacity != 8 {
+		t.Errorf("running 5 with nothing waiting: capacity %v, want the floor 8 again", c.Capacity)
 	}
 }
 
@@ -679,6 +701,18 @@ func TestDeclaredLimitBoundsTheFloor(t *testing.T) {
 		if c := find(s, site); c.Capacity != want {
 			t.Errorf("%s: capacity %v, want %v", site, c.Capacity, want)
 		}
+	}
+	// A limit relayed after the first readings lowers the floor as one
+	// relayed from the start does; what was seen stands over it.
+	late := newWorld(t, "late")
+	late.set.WindowMs, late.set.CeilingFloor, late.set.RoomAfterMs = 60_000, 8, 0
+	late.publish("late", 1000, obs{running: 2, queue: f(0)})
+	if c := find(late.build(1000), "late"); c.Capacity != 8 {
+		t.Fatalf("no limit relayed yet: capacity %v, want the floor 8", c.Capacity)
+	}
+	late.publish("late", 2000, obs{running: 2, queue: f(0), maxRunning: f(3)})
+	if c := find(late.build(2000), "late"); c.Capacity != 3 {
+		t.Errorf("a limit of 3 relayed late: capacity %v, want 3", c.Capacity)
 	}
 }
 

@@ -281,15 +281,30 @@ func (s *Snapshot) Models() []string {
 
 // learned is what the builder carries across refreshes for one candidate.
 type learned struct {
-	// soft and hard are the capacity bounds, per ready unit (the whole
-	// provider's under the single ceiling).
-	soft       float64
-	hard       Opt
+	bounds     bounds
 	rho        float64
 	atMs       int64
 	sampleAt   int64
 	fullSince  Opt
 	generation int
+}
+
+// bounds are a candidate's capacity bounds, per ready unit (the whole
+// provider's under the single ceiling).
+type bounds struct {
+	// soft is the soft bound: the most the unit was shown to serve at
+	// once, never below the ceiling floor. Under the single ceiling it is
+	// the whole decayed ceiling, and the only field read back.
+	soft float64
+	// shown is what the traffic demonstrated, apart from the floor: the
+	// most held per unit with nothing waiting, or the most seen running.
+	// Kept apart so that a floor lowered later (a relayed limit that
+	// arrives after the first readings) lowers the soft bound, and so
+	// that the hard bound grows back only as far as was shown.
+	shown float64
+	// hard is the least running seen at an instant with a backlog, grown
+	// back by the half-life; unset until a backlog shows one.
+	hard Opt
 }
 
 // Builder rebuilds snapshots from the store; rebuilds are serialised and
@@ -512,7 +527,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	if r.Ready.OK && r.Ready.V > 1 {
 		units = r.Ready.V
 	}
-	soft, hard, effective := learnBounds(prev, v.Learnable, learnFrom, recent, units, now, set)
+	bounds, effective := learnBounds(prev, v.Learnable, learnFrom, recent, units, now, set)
 	raw, rho := saturation(prev, r, effective, sampleAt, set)
 	congested := recent.CongestedInFlight.OK && recent.CongestedInFlight.V >= effective
 	fullSince := fullSince(prev, congested, now, set)
@@ -520,7 +535,7 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 		c.Full = tri(fullSince.OK && now-int64(fullSince.V) >= set.FullAfterMs)
 		c.Relieved = tri(!congested)
 	}
-	b.learned[key] = &learned{soft: soft, hard: hard, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
+	b.learned[key] = &learned{bounds: bounds, rho: rho, atMs: now, sampleAt: sampleAt, fullSince: fullSince, generation: v.Generation}
 	c.Measured = true
 	c.Capacity, c.Ceiling, c.Rho, c.RawRho, c.InFlight = effective, effective, rho, raw, r.InFlight.V
 	c.units, c.prefillTokens = units, -1
@@ -535,43 +550,42 @@ func (b *Builder) learn(c *Candidate, v *loadstore.View, r, learnFrom, recent Re
 	}
 }
 
-// learnBounds returns the soft bound (the most held with nothing queued, or
-// the most seen running at once), the hard bound (the least running at a
-// demonstrated limit, growing back by the half-life), both per ready unit,
-// and the effective ceiling the in-flight count is read against: their
-// lesser times units, the latest ready count. The queued part of a sample
-// teaches nothing, and a sample without a whole batch teaches neither
-// bound. Under the single ceiling (the reference's model) the soft bound is
-// the whole ceiling, learned from samples with nothing waiting only,
-// decayed by the half-life, and floored at the ceiling floor per unit.
-func learnBounds(prev *learned, learnable bool, r, recent Reading, units float64, now int64, set Settings) (soft float64, hard Opt, effective float64) {
+// learnBounds returns the capacity bounds per ready unit (docs/protocol.md
+// §4.11) and the effective ceiling the in-flight count is read against:
+// their lesser times units, the latest ready count. The soft bound is the
+// most held with nothing queued, or the most seen running at once, never
+// below the floor; the hard bound is the least running at a demonstrated
+// limit, growing back by the half-life no further than what the unit was
+// shown to run. The queued part of a sample teaches nothing, and a sample
+// without a whole batch teaches neither bound. Under the single ceiling
+// (the reference's model) the soft bound is the whole ceiling, learned from
+// samples with nothing waiting only, decayed by the half-life, and floored
+// at the ceiling floor per unit.
+func learnBounds(prev *learned, learnable bool, r, recent Reading, units float64, now int64, set Settings) (b bounds, effective float64) {
 	decay := 1.0
 	if prev != nil {
 		decay = math.Pow(0.5, float64(max(now-prev.atMs, 0))/set.CeilingHalfLifeMs)
 	}
-	// The reference's single ceiling decays, so that a site that shrank is
-	// re-learned. Under the two bounds the hard bound learns a shrink (a
-	// backlog at a lower running count), and the soft bound keeps what
-	// was demonstrated: decayed, it fell below the capacity of a site the
-	// traffic did not fill, which then drew less, showed less, and was
-	// starved (docs/routing.md).
-	var decayed float64
-	switch {
-	case prev == nil:
-	case set.SingleCeiling:
-		decayed = prev.soft * decay
-	default:
-		decayed = prev.soft
-	}
 	waiting := (r.Queued.OK && r.Queued.V >= 1) || (r.DeepestQueue.OK && r.DeepestQueue.V >= 1) || (r.Held.OK && r.Held.V >= 1)
 	if set.SingleCeiling {
-		var clean float64
+		// The reference's single ceiling decays, so that a site that
+		// shrank is re-learned.
+		var decayed, clean float64
+		if prev != nil {
+			decayed = prev.bounds.soft * decay
+		}
 		if learnable && !waiting {
 			clean = r.InFlight.V
 		}
-		soft = max(decayed, clean, set.CeilingFloor*units)
-		return soft, Opt{}, soft
+		b.soft = max(decayed, clean, set.CeilingFloor*units)
+		return b, b.soft
 	}
+	// Under the two bounds the hard bound learns a shrink (a backlog at a
+	// lower running count), and what was shown does not decay: decayed,
+	// the soft bound fell below the capacity of a site the traffic did not
+	// fill, which then drew less, showed less, and was starved
+	// (docs/routing.md).
+	//
 	// clean is the most held per unit with nothing waiting; taught adds
 	// the most seen running per unit at any instant, queue or not: the
 	// queued part of an in-flight count teaches nothing, the running part
@@ -583,30 +597,39 @@ func learnBounds(prev *learned, learnable bool, r, recent Reading, units float64
 		}
 		taught = max(clean, r.PerUnit.MostRunning.V)
 	}
+	b.shown = taught
+	if prev != nil {
+		b.shown = max(prev.bounds.shown, taught)
+	}
 	// The floor credits a unit no more than its operator or engine says
 	// it runs at once; what a unit was seen to run stands over either.
 	floor := set.CeilingFloor
 	if r.MaxRunning.OK {
 		floor = min(floor, r.MaxRunning.V)
 	}
-	soft = max(decayed, taught, floor)
-	if prev != nil && prev.hard.OK {
-		// The demonstrated limit grows back out by the half-life.
-		hard = some(prev.hard.V / decay)
+	b.soft = max(b.shown, floor)
+	if prev != nil && prev.bounds.hard.OK {
+		// The demonstrated limit grows back out by the half-life, but no
+		// further than the unit was shown to run: past that only the
+		// floor would lift it, and an engine smaller than the floor would
+		// be credited the floor once a half-life, sent a backlog, and
+		// teach its limit anew (TestSmallerThanTheFloorLearnsItsLimit).
+		last := prev.bounds.hard.V
+		b.hard = some(min(last/decay, max(last, b.shown)))
 	}
-	if least := recent.PerUnit.LeastCongestedRunning; learnable && least.OK && least.V*units >= 1 && (!hard.OK || least.V < hard.V) {
-		hard = least
+	if least := recent.PerUnit.LeastCongestedRunning; learnable && least.OK && least.V*units >= 1 && (!b.hard.OK || least.V < b.hard.V) {
+		b.hard = least
 	}
-	if hard.OK && clean > hard.V {
-		hard = Opt{} // held more than the "limit" with nothing queued: it moved
+	if b.hard.OK && clean > b.hard.V {
+		b.hard = Opt{} // held more than the "limit" with nothing queued: it moved
 	}
-	if !hard.OK {
-		return soft, hard, soft * units
+	if !b.hard.OK {
+		return b, b.soft * units
 	}
 	// The floor guards what has not been shown (the soft bound); a limit a
 	// backlog demonstrated is read as it is, so an engine smaller than the
 	// floor is not credited with slots it does not have.
-	return soft, hard, max(min(soft, hard.V)*units, 1)
+	return b, max(min(b.soft, b.hard.V)*units, 1)
 }
 
 // saturation returns the reading's raw saturation against the effective
