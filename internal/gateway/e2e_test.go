@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1017,4 +1018,80 @@ func TestReadingAgesAtDefaultIntervals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHopStreamCopiedAtTheHandlersTop: a stream served for a peer gateway
+// is copied by the hop handler once the API handler has returned
+// (tail.go): while it runs, the goroutine that serves it over the hop
+// holds none of serveAPI's frames, whose depth kept that goroutine's
+// stack at 16 KiB for the whole stream. The stream still arrives whole,
+// is counted at the exit gateway when it ends (not when its head went
+// out), and a client that leaves still ends the upstream request.
+func TestHopStreamCopiedAtTheHandlersTop(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 4, "west": 4}})
+	east, west := g["east"], g["west"]
+	ready := func(site string) func() bool {
+		return func() bool {
+			for _, c := range east.gw.View().Sites {
+				if c.Site == site {
+					return c.Ready
+				}
+			}
+			return false
+		}
+	}
+	waitUntil(t, 20*time.Second, "east draws on west", ready("west"))
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	waitUntil(t, 10*time.Second, "east's own site out of its snapshot", func() bool { return !ready("east")() })
+	routed := func() float64 {
+		return metric(west.gw.MetricsHandler(), "grid_gateway_request_duration_seconds_count", `outcome="routed"`)
+	}
+	open := func(ctx context.Context) (*http.Response, *bufio.Reader) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+east.client+"/v1/chat/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":100,"stream":true}`, sim.DefaultModel)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if site := resp.Header.Get("X-Grid-Site"); site != "west" {
+			t.Fatalf("served by %q, want west", site)
+		}
+		br := bufio.NewReader(resp.Body)
+		if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("first event %q (%v)", line, err)
+		}
+		return resp, br
+	}
+
+	before := routed()
+	resp, br := open(context.Background())
+	buf := make([]byte, 1<<22)
+	var hopGoroutines []string
+	for _, st := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(st, "(*hopHandler).ServeHTTP") {
+			hopGoroutines = append(hopGoroutines, st)
+		}
+	}
+	if len(hopGoroutines) != 1 {
+		t.Fatalf("%d goroutines in the hop handler with one stream open, want 1:\n%s", len(hopGoroutines), strings.Join(hopGoroutines, "\n\n"))
+	}
+	if st := hopGoroutines[0]; !strings.Contains(st, "(*streamTail).run") || strings.Contains(st, "serveAPI") {
+		t.Errorf("the hop handler copies the stream from inside the API handler:\n%s", st)
+	}
+	if n := routed(); n != before {
+		t.Errorf("the stream was counted before it ended: %v routed, %v before", n, before)
+	}
+	rest, err := io.ReadAll(br)
+	resp.Body.Close()
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(rest)), "data: [DONE]") || strings.Contains(string(rest), `"error"`) {
+		t.Fatalf("the stream's end: %v, %q", err, rest)
+	}
+	waitUntil(t, 5*time.Second, "the stream counted at west once it ended", func() bool { return routed() == before+1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, _ = open(ctx)
+	cancel()
+	resp.Body.Close()
+	waitUntil(t, 5*time.Second, "west's engine freed once the client left", func() bool { return west.sim.Engines()[0].Load().Running == 0 })
 }

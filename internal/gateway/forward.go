@@ -74,6 +74,11 @@ tries:
 				s.observe = func(whole bool) { g.observeService(&ob, &ans, whole) }
 				return "routed", s
 			}
+			if t := x.tail; t != nil {
+				ob := ob
+				t.observe = func(whole bool) { g.observeService(&ob, &ans, whole) }
+				return "routed", nil
+			}
 			g.observeService(&ob, &ans, true)
 			return "routed", nil
 		case failed:
@@ -327,7 +332,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 			stopWatch = context.AfterFunc(r.Context(), cancelOut)
 		}
 		defer func() {
-			if ans.detached == nil {
+			if ans.detached == nil && x.tail == nil {
 				stopDrain()
 				stopWatch()
 				cancelOut()
@@ -374,6 +379,15 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 	resp.Body = &watchedBody{ReadCloser: resp.Body, ctx: outCtx,
 		watch: &upstreamWatch{g: g, c: c, began: began, ans: ans, cost: x.cost},
 		sse:   out.stream && ans.stream && resp.StatusCode == http.StatusOK}
+	if hr := hopOf(r.Context()); hr != nil && out.stream && ans.stream && detachable(resp) {
+		// A peer's event stream: its head goes now, its body from the
+		// top of the hop handler, once this handler's frames are gone.
+		relayHead(tw, resp, true)
+		resp.Header = nil // written; the answer's trailers are all the tail reads of it
+		x.tail = &streamTail{w: tw, resp: resp, ans: ans, finish: func() { stopDrain(); stopWatch(); cancelOut() }}
+		hr.tail = x.tail
+		return delivered
+	}
 	if via != nil && ans.stream && detachable(resp) {
 		handoff = &detachingBody{body: resp.Body, resp: resp, clk: g.clk, after: g.clk.Now().Add(g.streams.waitToDetach(detachAfter))}
 		resp.Body = handoff

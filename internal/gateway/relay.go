@@ -205,28 +205,44 @@ func cleanQuery(q string) string {
 // left) aborts the handler (http.ErrAbortHandler), so the server cuts the
 // answer rather than end it cleanly. Trailers follow the body.
 func relayAnswer(w *trackingWriter, resp *http.Response, stream bool) {
-	h := w.Header()
-	for k, vv := range resp.Header {
-		h[k] = vv
-	}
-	w.WriteHeader(resp.StatusCode)
-	flush := stream || resp.ContentLength < 0
-	if flush {
-		w.Flush()
-	}
+	flush := relayHead(w, resp, stream)
 	pool := &bulkBuffers
 	if stream {
 		pool = &streamBuffers
 	}
 	buf := pool.Get().(*[]byte)
 	defer pool.Put(buf)
-	if err := copyBody(w, resp.Body, *buf, flush); err != nil {
+	relayBody(w, resp, flush, *buf)
+}
+
+// relayHead writes resp's end-to-end header fields and status to the
+// client through w, flushed at once for a stream or an answer of unknown
+// length; it says whether the body's writes are to be flushed too.
+func relayHead(w *trackingWriter, resp *http.Response, stream bool) (flush bool) {
+	h := w.Header()
+	for k, vv := range resp.Header {
+		h[k] = vv
+	}
+	w.WriteHeader(resp.StatusCode)
+	flush = stream || resp.ContentLength < 0
+	if flush {
+		w.Flush()
+	}
+	return flush
+}
+
+// relayBody copies resp's body through buf, then its trailers, to the
+// client through w, as relayAnswer says; it panics with
+// http.ErrAbortHandler when the body cannot be copied to its end.
+func relayBody(w *trackingWriter, resp *http.Response, flush bool, buf []byte) {
+	if err := copyBody(w, resp.Body, buf, flush); err != nil {
 		resp.Body.Close()
 		panic(http.ErrAbortHandler)
 	}
 	resp.Body.Close() // the transport fills resp.Trailer at the body's end
 	if len(resp.Trailer) > 0 {
 		w.Flush() // sent chunked, so the trailers can follow
+		h := w.Header()
 		for k, vv := range resp.Trailer {
 			for _, v := range vv {
 				h.Add(http.TrailerPrefix+k, v)

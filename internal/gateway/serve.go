@@ -174,7 +174,11 @@ func (h *hopHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	h.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &peer)))
+	hr := &hopRequest{peer: peer}
+	h.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, hr)))
+	if t := hr.tail; t != nil {
+		t.run() // the rest of an event stream, a few frames deep (tail.go)
+	}
 }
 
 // hopPingPath is the hop's round-trip probe (probe.go): a peer gateway's
@@ -215,8 +219,24 @@ const (
 	hopModelNotShared = "model_not_shared"
 )
 
-// hopPeerKey carries the verified peer of a hop request in its context.
+// hopPeerKey carries a hop request's *hopRequest in its context.
 type hopPeerKey struct{}
+
+// hopRequest is what the hop handler knows of a request it admitted: the
+// verified peer it came from, and, once forward has relayed the head of an
+// event stream, the rest of that stream, which the hop handler copies
+// after the API handler has returned (tail.go). The handler's goroutine
+// only.
+type hopRequest struct {
+	peer signals.ServingPeer
+	tail *streamTail
+}
+
+// hopOf returns the hop request ctx belongs to, or nil for a client's.
+func hopOf(ctx context.Context) *hopRequest {
+	hr, _ := ctx.Value(hopPeerKey{}).(*hopRequest)
+	return hr
+}
 
 // peer returns one of this site's peers, as the operator's serving
 // document lists them.
@@ -234,8 +254,10 @@ func (g *Gateway) peer(site string) (signals.ServingPeer, bool) {
 // fromPeer returns the verified peer a hop request came from, or nil for a
 // client's request.
 func fromPeer(ctx context.Context) *signals.ServingPeer {
-	p, _ := ctx.Value(hopPeerKey{}).(*signals.ServingPeer)
-	return p
+	if hr := hopOf(ctx); hr != nil {
+		return &hr.peer
+	}
+	return nil
 }
 
 // view is the snapshot a request from peer routes on: a client's, every
@@ -315,6 +337,9 @@ type exchange struct {
 	// aborted is the outcome of an attempt the proxy aborted mid-answer
 	// (forwardCounted); empty otherwise.
 	aborted string
+	// tail is the rest of a hop request's event stream, left by forward
+	// for the hop handler to copy (tail.go); nil otherwise.
+	tail *streamTail
 }
 
 // serveAPI answers one OpenAI API request: read the body, find the model,
@@ -331,11 +356,12 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	observe := func(outcome string) {
 		g.m.duration.WithLabelValues(outcome).Observe(g.clk.Now().Sub(start).Seconds())
 	}
-	// stream: the answer goes on after this handler returns (detach.go),
-	// and is counted when it ends.
+	// stream and tailed: the answer goes on after this handler returns
+	// (detach.go, tail.go), and is counted when it ends.
 	var stream *detachedStream
+	var tailed bool
 	defer func() {
-		if stream == nil {
+		if stream == nil && !tailed {
 			if x.aborted != "" {
 				outcome = x.aborted // the proxy's panic skipped the rest
 			}
@@ -424,6 +450,8 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	outcome, detached := x.deliver(pick)
 	if stream = detached; stream != nil {
 		g.streams.start(stream, observe)
+	} else if t := x.tail; t != nil {
+		t.end, tailed = observe, true
 	}
 }
 

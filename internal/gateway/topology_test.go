@@ -279,7 +279,7 @@ func TestHopRequestsAreThePeersToCount(t *testing.T) {
 	// west (hopHandler): the API handlers read the peer from its context.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Test-Hop") != "" {
-			r = r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &signals.ServingPeer{Site: "west"}))
+			r = r.WithContext(context.WithValue(r.Context(), hopPeerKey{}, &hopRequest{peer: signals.ServingPeer{Site: "west"}}))
 		}
 		api.ServeHTTP(w, r)
 	}))
