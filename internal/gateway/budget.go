@@ -84,7 +84,7 @@ func (h *heldBody) letGo() {
 }
 
 // attempt is the body of one upstream attempt, holding the reservation
-// until the transport closes it.
+// until the transport has read it whole or closed it.
 func (h *heldBody) attempt(body []byte) io.ReadCloser {
 	if h != nil {
 		h.holders.Add(1)
@@ -96,31 +96,45 @@ func (h *heldBody) attempt(body []byte) io.ReadCloser {
 
 // attemptBody is an upstream request's body. The transport reads it in
 // one goroutine and may close it from another (a cancelled HTTP/2
-// stream), so both take mu; Close drops the reference to the bytes, which
-// the request the transport keeps would otherwise pin.
+// stream), so both take mu. Once read whole, or closed, it drops its
+// reference to the bytes and its hold on the budget: the transport has
+// what it sends, and a transport sends a request again from a fresh body
+// (GetBody), never by reading this one again. Net/http's HTTP/2
+// transport closes a request's body only when its stream ends, so that a
+// stream to a peer gateway held its request's bytes, and counted them,
+// for as long as it lasted (TestRemoteStreamDoesNotPinItsRequestBody).
 type attemptBody struct {
-	mu     sync.Mutex
-	r      bytes.Reader
-	held   *heldBody
-	closed bool
+	mu   sync.Mutex
+	r    bytes.Reader
+	held *heldBody
+	done bool // under mu: the bytes and the hold are let go
 }
 
 func (a *attemptBody) Read(p []byte) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.r.Read(p)
+	n, err := a.r.Read(p)
+	if a.r.Len() == 0 {
+		a.dropLocked()
+	}
+	return n, err
 }
 
 func (a *attemptBody) Close() error {
 	a.mu.Lock()
-	first := !a.closed
-	a.closed = true
-	a.r.Reset(nil)
-	a.mu.Unlock()
-	if first {
+	defer a.mu.Unlock()
+	a.dropLocked()
+	return nil
+}
+
+// dropLocked lets go of the bytes and of the attempt's hold on the
+// budget, once; a.mu is held.
+func (a *attemptBody) dropLocked() {
+	if !a.done {
+		a.done = true
+		a.r.Reset(nil)
 		a.held.letGo()
 	}
-	return nil
 }
 
 // defaultBodyBudget is a quarter of the memory limit, or 512 MiB without

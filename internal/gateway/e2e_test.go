@@ -1095,3 +1095,70 @@ func TestHopStreamCopiedAtTheHandlersTop(t *testing.T) {
 	resp.Body.Close()
 	waitUntil(t, 5*time.Second, "west's engine freed once the client left", func() bool { return west.sim.Engines()[0].Load().Running == 0 })
 }
+
+// TestRemoteStreamDoesNotPinItsRequestBody: a stream served by the peer
+// site lets go of its request's bytes on both gateways once its answer has
+// come and its upstream has the request, however long it goes on (40 s
+// here): the entry gateway's HTTP/2 transport closed the request's body
+// only as the stream ended, so the body was held and counted for as long,
+// and both gateways keep the request, whose GetBody held the bytes
+// (TestStreamDoesNotPinItsRequestBody has the site's own streams).
+func TestRemoteStreamDoesNotPinItsRequestBody(t *testing.T) {
+	g := startGrid(t, gridSpec{slots: map[string]int{"east": 8, "west": 8}})
+	east, west := g["east"], g["west"]
+	ready := func(site string) func() bool {
+		return func() bool {
+			for _, c := range east.gw.View().Sites {
+				if c.Site == site {
+					return c.Ready
+				}
+			}
+			return false
+		}
+	}
+	waitUntil(t, 20*time.Second, "east draws on west", ready("west"))
+	control(t, east.simURL, `{"readyEndpoints": 0}`)
+	waitUntil(t, 10*time.Second, "east's own site out of its snapshot", func() bool { return !ready("east")() })
+	liveHeap := func() int64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	const streams, size = 4, 8 << 20
+	before := liveHeap()
+	for range streams {
+		head, tail := fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":2000,"stream":true,"pad":"`, sim.DefaultModel), `"}`
+		body := io.MultiReader(strings.NewReader(head), io.LimitReader(repeatX{}, size), strings.NewReader(tail))
+		req, _ := http.NewRequest(http.MethodPost, "http://"+east.client+"/v1/chat/completions", body)
+		req.ContentLength = int64(len(head)) + size + int64(len(tail))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if site := resp.Header.Get("X-Grid-Site"); site != "west" {
+			t.Fatalf("served by %q, want west", site)
+		}
+		if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("first event %q (%v)", line, err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "both budgets whole again", func() bool {
+		return gateway.BodiesHeld(east.gw) == 0 && gateway.BodiesHeld(west.gw) == 0
+	})
+	if grew := liveHeap() - before; grew > streams*size/2 {
+		t.Errorf("with %d remote streams of %d MiB bodies open, the heap holds %.1f MiB more: their bodies are pinned", streams, size>>20, float64(grew)/(1<<20))
+	}
+}
+
+// repeatX reads as an endless run of 'x'.
+type repeatX struct{}
+
+func (repeatX) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'x'
+	}
+	return len(p), nil
+}

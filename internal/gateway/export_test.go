@@ -46,3 +46,6 @@ func OwnInFlight(g *Gateway, site, model string) float64 {
 
 // WaitAllDetached is waitAllDetached: until g copies n detached streams.
 func WaitAllDetached(b *testing.B, g *Gateway, n int) { waitAllDetached(b, g, n) }
+
+// BodiesHeld is the request-body bytes g's budget counts now.
+func BodiesHeld(g *Gateway) int64 { return g.bodies.used.Load() }

@@ -250,27 +250,81 @@ func (g *Gateway) judgeStream(site string, sv *route.Served, first time.Duration
 }
 
 // outbound is what the gateway sends upstream: the request's body, and
-// whether it asked for a stream (requestHead.stream).
+// whether it asked for a stream (requestHead.stream). The handler's
+// goroutine only.
 type outbound struct {
 	body []byte
 	// held is the body's budget reservation (nil within the allowance):
-	// every attempt holds it until its transport lets go of the body.
+	// the handler holds it until letGo, and every attempt until its
+	// transport lets go of the body.
 	held   *heldBody
 	stream bool
+	// released: the handler's hold is let go.
+	released bool
+}
+
+// letGo ends the handler's hold on the body: once an answer has come no
+// attempt follows, so the handler need not keep the bytes for the rest of
+// a stream it copies itself, nor count them against the budget after the
+// transport has let go of them too. The handler's return calls it again,
+// to no effect.
+func (o *outbound) letGo() {
+	if !o.released {
+		o.released = true
+		o.held.letGo()
+	}
+	o.body = nil
 }
 
 // setBody makes req's body a fresh reading of the request's bytes, held
 // against the body budget until the transport closes it, and lets the
-// transport read them again (GetBody). A transport sends a request again
-// only when the upstream cannot have processed it: an HTTP/2 stream
-// refused, or opened after the peer's graceful-shutdown GOAWAY; an HTTP/1
-// connection that failed before anything was written. Without GetBody such
-// a request, its body written, failed as a 502 (a rolling restart of a
-// peer gateway: TestRefusedStreamIsSentAgain).
-func (o *outbound) setBody(req *http.Request) {
+// transport read them again (GetBody) until the attempt's answer has come
+// (the rewind's disarm). A transport sends a request again only when the
+// upstream cannot have processed it: an HTTP/2 stream refused, or opened
+// after the peer's graceful-shutdown GOAWAY; an HTTP/1 connection that
+// failed before anything was written. Without GetBody such a request, its
+// body written, failed as a 502 (a rolling restart of a peer gateway:
+// TestRefusedStreamIsSentAgain).
+func (o *outbound) setBody(req *http.Request) *rewind {
+	rw := &rewind{held: o.held, body: o.body}
 	req.Body = o.held.attempt(o.body)
 	req.ContentLength = int64(len(o.body))
-	req.GetBody = func() (io.ReadCloser, error) { return o.held.attempt(o.body), nil }
+	req.GetBody = rw.get
+	return rw
+}
+
+// rewind is what an attempt's GetBody reads the request's bytes again
+// from. Once the attempt's answer has come no transport sends the request
+// again, and disarm lets go of the bytes: the request stays reachable from
+// its answer (its Request field, and the HTTP/2 transport's stream) for as
+// long as a stream lasts, and armed, it pinned a body of up to 10 MiB per
+// stream after the budget had counted it released
+// (TestStreamDoesNotPinItsRequestBody).
+type rewind struct {
+	held *heldBody
+	mu   sync.Mutex
+	body []byte // under mu, as disarmed
+	// disarmed: the answer has come, and body is let go.
+	disarmed bool
+}
+
+// errRewound is GetBody's error once the answer has come.
+var errRewound = errors.New("the request's body is no longer kept: its answer has come")
+
+func (rw *rewind) get() (io.ReadCloser, error) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.disarmed {
+		return nil, errRewound
+	}
+	return rw.held.attempt(rw.body), nil
+}
+
+// disarm lets go of the bytes; a later GetBody fails.
+func (rw *rewind) disarm() {
+	rw.mu.Lock()
+	rw.body, rw.disarmed = nil, true
+	rw.mu.Unlock()
 }
 
 // attempt is how one try to deliver a request ended.
@@ -297,7 +351,7 @@ var errNotDelivered = errors.New("the peer gateway could not deliver the request
 // unbuffered. Every failure is classified and counted
 // (grid_gateway_upstream_errors_total) and told to passive health.
 func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) attempt {
-	g, w, r, out := x.g, x.w, x.r, x.out
+	g, w, r, out := x.g, x.w, x.r, &x.out
 	transport, err := g.upstreams.transport(c)
 	if err != nil {
 		g.log.Warn("no transport for upstream", "site", c.Site, "err", err)
@@ -352,8 +406,9 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 	if ans.bound && !c.Local {
 		req.Header.Set(headerBoundProvider, c.Provider)
 	}
-	out.setBody(req)
+	rw := out.setBody(req)
 	resp, err := transport.RoundTrip(req)
+	rw.disarm()
 	if err == nil && !c.Local && resp.Header.Get(headerNotDelivered) != "" {
 		resp.Body.Close()
 		err = errNotDelivered
@@ -361,6 +416,7 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 	if err != nil {
 		return x.attemptFailed(tw, c, ans, outCtx, err, began)
 	}
+	out.letGo() // answered: nothing sends the request again
 	dropHopHeaders(resp.Header)
 	g.health.answered(c, resp.StatusCode, began)
 	ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")

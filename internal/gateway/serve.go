@@ -370,8 +370,8 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	body, reserved, refusal := g.readBody(w, r)
-	held := g.bodies.hold(reserved)
-	defer held.letGo()
+	x.out.held = g.bodies.hold(reserved)
+	defer x.out.letGo()
 	if refusal != nil {
 		outcome = "bad_request"
 		if refusal == &errBodyBudget {
@@ -395,7 +395,7 @@ func (g *Gateway) serveAPI(w http.ResponseWriter, r *http.Request) {
 		bad.write(w, 0)
 		return
 	}
-	x.out = outbound{body: body, held: held, stream: head.stream}
+	x.out.body, x.out.stream = body, head.stream
 	x.cost = head.cost
 	if x.peer == nil { // a hop request was counted at its entry gateway
 		g.countCost(head.cost)
