@@ -416,7 +416,10 @@ func (x *exchange) forward(c *route.Candidate, began time.Time, ans *answer) att
 	if err != nil {
 		return x.attemptFailed(tw, c, ans, outCtx, err, began)
 	}
-	out.letGo() // answered: nothing sends the request again
+	// Answered: nothing sends the request again, and a stream that goes
+	// on keeps its answer, not the request (its header, its URL).
+	out.letGo()
+	resp.Request = nil
 	dropHopHeaders(resp.Header)
 	g.health.answered(c, resp.StatusCode, began)
 	ans.stream = strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
