@@ -277,14 +277,14 @@ func (o *outbound) letGo() {
 }
 
 // setBody makes req's body a fresh reading of the request's bytes, held
-// against the body budget until the transport closes it, and lets the
-// transport read them again (GetBody) until the attempt's answer has come
-// (the rewind's disarm). A transport sends a request again only when the
-// upstream cannot have processed it: an HTTP/2 stream refused, or opened
-// after the peer's graceful-shutdown GOAWAY; an HTTP/1 connection that
-// failed before anything was written. Without GetBody such a request, its
-// body written, failed as a 502 (a rolling restart of a peer gateway:
-// TestRefusedStreamIsSentAgain).
+// against the body budget until the transport has read it whole or closed
+// it, and lets the transport read them again (GetBody) until the
+// attempt's answer has come (the rewind's disarm). A transport sends a
+// request again only when the upstream cannot have processed it: an
+// HTTP/2 stream refused, or opened after the peer's graceful-shutdown
+// GOAWAY; an HTTP/1 connection that failed before anything was written.
+// Without GetBody such a request, its body written, failed as a 502 (a
+// rolling restart of a peer gateway: TestRefusedStreamIsSentAgain).
 func (o *outbound) setBody(req *http.Request) *rewind {
 	rw := &rewind{held: o.held, body: o.body}
 	req.Body = o.held.attempt(o.body)
